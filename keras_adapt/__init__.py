@@ -1,0 +1,31 @@
+"""keras-adapt: adaptive distributed training for Keras on Horovod.
+
+Replace ``hvd.DistributedOptimizer(opt)`` with
+``keras_adapt.DistributedOptimizer(opt)``, add the callbacks you want from
+``keras_adapt.callbacks``, and launch with ``horovodrun`` as before.
+
+Example:
+
+>>> import keras, keras_adapt
+>>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.Adam(1e-3))
+>>> callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0),
+...              keras_adapt.callbacks.GradientStatsMonitor(interval=10)]
+>>> keras_adapt.size() >= 1
+True
+"""
+
+from keras_adapt import callbacks, monitors, ops
+from keras_adapt._hvd import local_rank, rank, size
+from keras_adapt.optimizer import DistributedOptimizer
+from keras_adapt.version import __version__
+
+__all__ = [
+    "DistributedOptimizer",
+    "__version__",
+    "callbacks",
+    "local_rank",
+    "monitors",
+    "ops",
+    "rank",
+    "size",
+]

@@ -1,0 +1,84 @@
+"""The few Horovod core collectives keras-adapt uses, behind one small facade.
+
+keras-adapt builds only on ``horovod.tensorflow`` (allreduce, grouped
+allreduce, broadcast), never on ``horovod.tensorflow.keras``, whose internals
+break on Keras 3. If Horovod is not installed the facade runs as a single
+process (size 1, rank 0) so that the library stays usable and testable.
+"""
+
+import warnings
+
+try:  # pragma: no cover - exercised on both branches by the test matrix
+    import horovod.tensorflow as hvd
+except ImportError as _exc:  # noqa: F841
+    hvd = None
+
+_warned = []
+
+
+def available():
+    """True when Horovod's TensorFlow collectives can be imported."""
+    return hvd is not None
+
+
+def ensure_initialized():
+    """Initialises Horovod once (a no-op if the user already called ``hvd.init()``)."""
+    if hvd is None:
+        if not _warned:
+            _warned.append(True)
+            warnings.warn(
+                "keras-adapt: horovod is not installed; running as a single "
+                "process. Install horovod==0.28.1 (see docs/install.md).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return
+    if not hvd.is_initialized():
+        hvd.init()
+
+
+def size():
+    ensure_initialized()
+    return 1 if hvd is None else hvd.size()
+
+
+def rank():
+    ensure_initialized()
+    return 0 if hvd is None else hvd.rank()
+
+
+def local_rank():
+    ensure_initialized()
+    return 0 if hvd is None else hvd.local_rank()
+
+
+def grouped_allreduce_average(tensors, name=None):
+    """Averages a list of tensors over all workers in as few collectives as possible.
+
+    Horovod's grouped allreduce takes one dtype per group, so the tensors are
+    grouped by dtype (float32 gradients and the float32 monitoring scalars
+    travel together) and the original order is restored afterwards.
+    """
+    if size() == 1 or not tensors:
+        return list(tensors)
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    out = [None] * len(tensors)
+    for dtype, idx in by_dtype.items():
+        reduced = hvd.grouped_allreduce([tensors[i] for i in idx], op=hvd.Average)
+        for i, r in zip(idx, reduced):
+            out[i] = r
+    return out
+
+
+def broadcast(tensor, root_rank, name=None):
+    if size() == 1:
+        return tensor
+    return hvd.broadcast(tensor, root_rank, name=name)
+
+
+def allreduce_average(tensor, name=None):
+    if size() == 1:
+        return tensor
+    return hvd.allreduce(tensor, op=hvd.Average, name=name)

@@ -1,0 +1,16 @@
+"""Keras callbacks of keras-adapt (one per module)."""
+
+from keras_adapt.callbacks.broadcast_global_variables import (
+    BroadcastGlobalVariablesCallback,
+    broadcast_variables,
+)
+from keras_adapt.callbacks.gradient_stats_monitor import LOG_KEYS, GradientStatsMonitor
+from keras_adapt.callbacks.metric_average import MetricAverageCallback
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "GradientStatsMonitor",
+    "LOG_KEYS",
+    "MetricAverageCallback",
+    "broadcast_variables",
+]

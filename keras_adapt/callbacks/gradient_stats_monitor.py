@@ -1,0 +1,119 @@
+"""GradientStatsMonitor: puts the in-graph gradient statistics into Keras logs."""
+
+import warnings
+
+import keras
+
+from keras_adapt import _train_step
+from keras_adapt.optimizer import is_distributed
+
+#: Log keys written by this monitor (DESIGN.md section 4).
+LOG_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
+
+
+def _check_interval(interval):
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ValueError(
+            f"interval={interval!r} is not valid; use a positive int, the number "
+            "of training steps between reads of the statistics (e.g. 10)"
+        )
+
+
+class GradientStatsMonitor(keras.callbacks.Callback):
+    """Writes the gradient noise scale, |G|^2, tr(Sigma) and the SNR into the logs.
+
+    The statistics are computed inside the train step by
+    ``keras_adapt.DistributedOptimizer`` and are identical on every worker
+    (they derive from allreduced values). This callback only reads them:
+    every ``interval`` steps and at the end of each epoch, with no collective
+    and no per-step host sync. In between, the last values read are repeated
+    so every batch's logs carry the same keys.
+
+    Keys: ``gns`` (B_simple, the critical batch size in samples),
+    ``grad_sqr`` (|G|^2), ``grad_var`` (tr Sigma, per sample) and
+    ``grad_snr`` (B / B_simple). They reach ``History``, the progress bar,
+    ``CSVLogger`` and ``TensorBoard`` when those come after this callback
+    (History and, on Keras 3, the progress bar always do).
+
+    It also makes the train step record the per-worker batch size that the
+    estimators need (unless the optimizer was given ``batch_size=``).
+
+    Args:
+        interval: steps between reads of the statistics (positive int).
+
+    Example:
+
+    >>> import numpy as np, keras, keras_adapt
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    >>> x, y = np.random.rand(256, 4), np.random.rand(256, 1)
+    >>> h = model.fit(x, y, batch_size=32, epochs=2, verbose=0,
+    ...               callbacks=[keras_adapt.callbacks.GradientStatsMonitor(interval=4)])
+    >>> sorted(k for k in h.history if k.startswith(("gns", "grad")))
+    ['gns', 'grad_snr', 'grad_sqr', 'grad_var']
+    """
+
+    def __init__(self, interval=10):
+        super().__init__()
+        _check_interval(interval)
+        self.interval = interval
+        self._values = None
+        self._steps = 0
+        self._stats = None
+
+    def set_model(self, model):
+        super().set_model(model)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None or not is_distributed(optimizer):
+            raise ValueError(
+                "GradientStatsMonitor needs a model compiled with "
+                "keras_adapt.DistributedOptimizer(...); got optimizer "
+                f"{type(optimizer).__name__ if optimizer is not None else None}. "
+                "Compile with optimizer=keras_adapt.DistributedOptimizer(your_optimizer)."
+            )
+        stats = optimizer.gradient_statistics
+        if stats is None:
+            raise ValueError(
+                "GradientStatsMonitor: the optimizer was created with "
+                "gradient_stats=False, so there is nothing to read; use "
+                "keras_adapt.DistributedOptimizer(opt, gradient_stats=True)"
+            )
+        self._stats = stats
+        if stats.fixed_batch_size is None:
+            _train_step.record_batch_size(model, stats)
+
+    def _read(self):
+        result = self._stats.result()
+        self._values = {k: result[k] for k in LOG_KEYS}
+        return result
+
+    def on_train_begin(self, logs=None):
+        self._steps = 0
+        self._values = None
+        from keras_adapt import _hvd
+
+        if _hvd.size() == 1:
+            warnings.warn(
+                "keras-adapt: one worker, so the noise scale comes from the "
+                "difference of consecutive steps' gradients; it is biased while "
+                "the weights move. Use 2+ workers for unbiased estimates.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        if self._values is None or self._steps % self.interval == 0:
+            self._read()
+        if logs is not None:
+            logs.update(self._values)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._read()
+        if logs is not None:
+            logs.update(self._values)
+
+    @property
+    def values(self):
+        """The statistics last read (a dict with :data:`LOG_KEYS`), or None."""
+        return None if self._values is None else dict(self._values)

@@ -1,0 +1,33 @@
+"""keras-adapt's TensorFlow ops: compiled C++ kernels with pure-TF twins.
+
+Every op here has two implementations with the same signature and results:
+the compiled kernel from ``csrc/`` and a pure-TensorFlow twin. Which one runs
+is decided once per process (see :mod:`keras_adapt.ops._loader`); use
+:func:`implementation` to ask.
+
+Example:
+
+>>> import tensorflow as tf
+>>> from keras_adapt import ops
+>>> per_tensor, total = ops.squared_norms([tf.ones([2, 3]), tf.constant([2.0])])
+>>> per_tensor.numpy().tolist(), float(total)
+([6.0, 4.0], 10.0)
+"""
+
+from keras_adapt.ops import _loader
+from keras_adapt.ops.squared_norms import squared_norms, squared_norms_twin
+
+
+def implementation():
+    """Which implementation the ops use in this process: ``"native"`` or ``"twin"``.
+
+    Example:
+
+    >>> from keras_adapt import ops
+    >>> ops.implementation() in ("native", "twin")
+    True
+    """
+    return "native" if _loader.load() is not None else "twin"
+
+
+__all__ = ["implementation", "squared_norms", "squared_norms_twin"]

@@ -1,0 +1,84 @@
+"""Finds and loads the compiled op library for the running TensorFlow.
+
+Chosen by the environment variable ``KERAS_ADAPT_OPS``:
+
+* ``auto`` (default): the compiled library if it loads, otherwise the
+  pure-TensorFlow twin with one warning that says why;
+* ``native``: the compiled library or an ``ImportError`` (for CI and
+  benchmarks that must not silently measure the twin);
+* ``twin``: always the pure-TensorFlow twin.
+
+``KERAS_ADAPT_OPS_LIBRARY`` points at a library file explicitly.
+"""
+
+import glob
+import os
+import warnings
+
+import tensorflow as tf
+
+ENV_IMPL = "KERAS_ADAPT_OPS"
+ENV_LIBRARY = "KERAS_ADAPT_OPS_LIBRARY"
+_CHOICES = ("auto", "native", "twin")
+
+_state = {"module": None, "resolved": False, "reason": None}
+
+
+def _library_path():
+    explicit = os.environ.get(ENV_LIBRARY)
+    if explicit:
+        return explicit
+    major, minor = tf.__version__.split(".")[:2]
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, f"_keras_adapt_ops_tf{major}_{minor}*.so")))
+    if not found:
+        raise FileNotFoundError(
+            f"no op library for TensorFlow {major}.{minor} in {here}; build it with "
+            "`pip install --no-build-isolation -e .` (or `make setup`)"
+        )
+    return found[0]
+
+
+def requested_implementation():
+    """The implementation asked for by ``KERAS_ADAPT_OPS`` (validated)."""
+    choice = os.environ.get(ENV_IMPL, "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(
+            f"{ENV_IMPL}={choice!r} is not valid; use one of {', '.join(_CHOICES)}"
+        )
+    return choice
+
+
+def load():
+    """Returns the loaded op module, or None when the twin is to be used."""
+    if _state["resolved"]:
+        return _state["module"]
+    choice = requested_implementation()
+    module = None
+    if choice == "twin":
+        _state["reason"] = f"{ENV_IMPL}=twin"
+    else:
+        try:
+            module = tf.load_op_library(_library_path())
+        except (OSError, FileNotFoundError, tf.errors.NotFoundError) as exc:
+            if choice == "native":
+                raise ImportError(
+                    f"{ENV_IMPL}=native but the keras-adapt op library cannot be "
+                    f"loaded: {exc}"
+                ) from exc
+            _state["reason"] = str(exc)
+            warnings.warn(
+                "keras-adapt: the compiled op library could not be loaded "
+                f"({exc}); using the pure-TensorFlow twin (same results, slower). "
+                f"Set {ENV_IMPL}=twin to silence this warning.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    _state["module"] = module
+    _state["resolved"] = True
+    return module
+
+
+def reset():
+    """Forgets the loaded choice so the next call re-reads the environment."""
+    _state.update(module=None, resolved=False, reason=None)

@@ -1,0 +1,3 @@
+"""keras-adapt version."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,79 @@
+"""Real multi-process checks: horovodrun -np 2 on localhost (Gloo, and MPI if built)."""
+
+import numpy as np
+import pytest
+
+from conftest import controllers, horovodrun, load_rank_results
+
+
+@pytest.fixture(scope="module", params=controllers())
+def results(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"dist_{request.param}")
+    horovodrun("distributed_checks.py", ["--out", out], np=2, controller=request.param)
+    return load_rank_results(out, 2)
+
+
+def test_two_workers_ran(results):
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 for r in results)
+
+
+def test_noise_scale_matches_analytic_value_with_two_workers(results):
+    for r in results:
+        truth, measured = r["gns"]["truth"], r["gns"]["measured"]
+        assert r["gns"]["weights_unchanged"], "lr=0 must keep the weights fixed"
+        assert measured["updates"] == 600
+        assert measured["batch_size"] == 64.0  # 2 workers x 32
+        for key in ("grad_sqr", "grad_var", "gns"):
+            assert measured[key] == pytest.approx(truth[key], rel=0.10), key
+    # identical on both ranks: the statistics derive from allreduced values
+    assert results[0]["gns"]["measured"] == results[1]["gns"]["measured"]
+
+
+def test_weights_identical_across_ranks_after_training(results):
+    a, b = results[0]["train"], results[1]["train"]
+    assert a["weights_on"] == b["weights_on"]  # exact, not approximate
+    assert a["weights_off"] == b["weights_off"]
+    assert a["optimizer_vars"] == b["optimizer_vars"]
+    assert np.isfinite(np.concatenate([np.ravel(w) for w in a["weights_on"]])).all()
+
+
+def test_monitoring_does_not_change_the_training_trajectory(results):
+    for r in results:
+        t = r["train"]
+        assert len(t["losses_on"]) == 3 * 512 // 16  # 3 epochs of 32 batches
+        np.testing.assert_allclose(t["losses_on"], t["losses_off"], rtol=1e-6, atol=0)
+        for w_on, w_off in zip(t["weights_on"], t["weights_off"]):
+            np.testing.assert_allclose(w_on, w_off, rtol=1e-6, atol=1e-7)
+        # the loss went down: it did train
+        assert t["history"]["loss"][-1] < 0.8 * t["history"]["loss"][0]
+
+
+def test_history_has_statistics_and_averaged_metrics(results):
+    h0, h1 = results[0]["train"]["history"], results[1]["train"]["history"]
+    for key in ("gns", "grad_sqr", "grad_var", "grad_snr"):
+        assert len(h0[key]) == 3 and all(np.isfinite(h0[key]))
+        assert h0[key] == h1[key]
+    # MetricAverageCallback: every rank reports the same (averaged) loss
+    assert h0["loss"] == h1["loss"]
+    # epoch-end values are the statistics at the end of the epoch
+    s = results[0]["train"]["stats"]
+    assert h0["gns"][-1] == pytest.approx(s["gns"], rel=1e-12)
+    assert h0["grad_snr"][-1] == pytest.approx(s["batch_size"] / s["gns"], rel=1e-12)
+
+
+def test_nan_gradient_on_one_rank_is_skipped_on_all_ranks(results):
+    for r in results:
+        snaps = r["nan"]["snapshots"]
+        before, bad, after = snaps[2], snaps[3], snaps[4]
+        assert bad["nonfinite"] == before["nonfinite"] + 1 == 1
+        assert bad["skipped"] == 1
+        assert bad["iterations"] == before["iterations"]  # no optimizer update
+        assert bad["ema_grad_sqr"] == before["ema_grad_sqr"]  # EMAs unchanged
+        assert bad["ema_grad_var"] == before["ema_grad_var"]
+        assert bad["updates"] == before["updates"]
+        assert after["updates"] == bad["updates"] + 1  # training continues
+        assert snaps[-1]["iterations"] == 9  # 10 batches, one skipped
+        assert r["nan"]["finite"]
+    assert results[0]["nan"]["weights"] == results[1]["nan"]["weights"]
+    assert results[0]["nan"]["snapshots"] == results[1]["nan"]["snapshots"]

@@ -1,0 +1,127 @@
+"""GradientStatistics: the estimator math against hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_adapt.monitors import GradientStatistics
+
+
+def _feed(stats, pairs, m):
+    for local, total in pairs:
+        stats.update(tf.constant(local, tf.float32), tf.constant(total, tf.float32), m)
+
+
+def test_single_update_matches_the_formulas():
+    stats = GradientStatistics(ema_decay=0.9, batch_size=16)
+    _feed(stats, [(10.0, 7.0)], m=4)
+    r = stats.result()
+    # |G|^2 = (M total - local)/(M-1) = (28-10)/3 = 6 ; tr S = b M (local-total)/(M-1) = 16*4*3/3 = 64
+    assert r["grad_sqr"] == pytest.approx(6.0)
+    assert r["grad_var"] == pytest.approx(64.0)
+    assert r["gns"] == pytest.approx(64.0 / 6.0)
+    assert r["batch_size"] == 64.0
+    assert r["grad_snr"] == pytest.approx(64.0 / (64.0 / 6.0))
+    assert r["updates"] == 1 and r["nonfinite"] == 0
+
+
+def test_design_formulas_in_terms_of_global_and_local_batch():
+    # DESIGN.md: |G|^2 = (B total - b local)/(B - b), S = (local - total)/(1/b - 1/B)
+    b, m, local, total = 8, 3, 5.0, 2.0
+    big = b * m
+    stats = GradientStatistics(ema_decay=0.5, batch_size=b)
+    _feed(stats, [(local, total)], m=m)
+    r = stats.result()
+    assert r["grad_sqr"] == pytest.approx((big * total - b * local) / (big - b))
+    assert r["grad_var"] == pytest.approx((local - total) / (1 / b - 1 / big))
+
+
+def test_bias_corrected_emas_and_ratio_of_averages():
+    beta, b, m = 0.8, 4, 2
+    stats = GradientStatistics(ema_decay=beta, batch_size=b)
+    pairs = [(5.0, 4.0), (9.0, 5.0), (6.0, 5.5)]
+    _feed(stats, pairs, m)
+    ema_g = ema_s = 0.0
+    for local, total in pairs:
+        g = (m * total - local) / (m - 1)
+        s = b * m * (local - total) / (m - 1)
+        ema_g = beta * ema_g + (1 - beta) * g
+        ema_s = beta * ema_s + (1 - beta) * s
+    corr = 1 - beta ** len(pairs)
+    r = stats.result()
+    assert r["grad_sqr"] == pytest.approx(ema_g / corr, rel=1e-6)
+    assert r["grad_var"] == pytest.approx(ema_s / corr, rel=1e-6)
+    # the noise scale is the ratio of the averages, not an average of ratios
+    assert r["gns"] == pytest.approx(ema_s / ema_g, rel=1e-6)
+
+
+def test_non_finite_measurements_are_skipped_and_counted():
+    stats = GradientStatistics(ema_decay=0.9, batch_size=4)
+    _feed(stats, [(5.0, 4.0)], m=2)
+    before = stats.result()
+    for bad in [(math.nan, 1.0), (1.0, math.inf), (-math.inf, 0.0)]:
+        used = stats.update(tf.constant(bad[0]), tf.constant(bad[1]), 2)
+        assert not bool(used)
+    after = stats.result()
+    assert after["nonfinite"] == 3 and after["updates"] == 1
+    assert after["gns"] == before["gns"] and after["grad_sqr"] == before["grad_sqr"]
+
+
+def test_no_estimate_before_the_first_update_and_never_a_division_by_zero():
+    stats = GradientStatistics(batch_size=4)
+    r = stats.result()
+    assert math.isnan(r["gns"]) and r["updates"] == 0
+    # a single gradient (M = 1) carries no variance information: skipped, not divided
+    assert not bool(stats.update(tf.constant(2.0), tf.constant(2.0), 1))
+    assert stats.result()["updates"] == 0 and stats.result()["nonfinite"] == 0
+
+
+def test_unknown_batch_size_skips_without_counting_as_nonfinite():
+    stats = GradientStatistics()
+    assert not bool(stats.update(tf.constant(2.0), tf.constant(1.0), 2))
+    stats.record_batch_size(tf.constant(8))
+    assert bool(stats.update(tf.constant(2.0), tf.constant(1.0), 2))
+    r = stats.result()
+    assert r["updates"] == 1 and r["nonfinite"] == 0 and r["batch_size"] == 16.0
+
+
+def test_unresolved_signal_reports_infinite_noise_scale():
+    stats = GradientStatistics(batch_size=4)
+    _feed(stats, [(10.0, 1.0)], m=2)  # |G|^2 = (2 - 10) / 1 < 0
+    r = stats.result()
+    assert r["grad_sqr"] < 0 and r["gns"] == math.inf and r["grad_snr"] == 0.0
+
+
+def test_updates_inside_a_tf_function():
+    stats = GradientStatistics(ema_decay=0.5, batch_size=2)
+
+    @tf.function
+    def step(local, total):
+        return stats.update(local, total, 2)
+
+    for _ in range(3):
+        step(tf.constant(5.0), tf.constant(4.0))
+    r = stats.result()
+    assert r["updates"] == 3
+    assert r["grad_sqr"] == pytest.approx(3.0) and r["grad_var"] == pytest.approx(4.0)
+
+
+def test_reset_forgets_everything():
+    stats = GradientStatistics(batch_size=2)
+    _feed(stats, [(5.0, 4.0)], 2)
+    stats.reset()
+    assert stats.result()["updates"] == 0 and math.isnan(stats.result()["gns"])
+
+
+@pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, "0.9", True, None])
+def test_bad_ema_decay(bad):
+    with pytest.raises(ValueError, match="ema_decay"):
+        GradientStatistics(ema_decay=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "32", True])
+def test_bad_batch_size(bad):
+    with pytest.raises(ValueError, match="batch_size"):
+        GradientStatistics(batch_size=bad)

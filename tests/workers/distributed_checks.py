@@ -1,0 +1,134 @@
+"""Run under horovodrun by tests/test_distributed.py; writes <out>/rank<r>.json.
+
+Phases (all in one launch, to keep the suite fast):
+  gns      fixed weights (lr=0) on linear regression: EMA estimates vs truth
+  train    ranks start from different weights; BroadcastGlobalVariablesCallback,
+           monitoring on; loss trajectory and final weights
+  train_off  the same with gradient_stats=False (trajectory must match)
+  nan      rank 1 gets a NaN sample in one batch: the step is skipped on all
+           ranks, counted, EMAs unchanged, training continues
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import keras
+import keras_adapt
+from keras_adapt.callbacks import (
+    BroadcastGlobalVariablesCallback,
+    GradientStatsMonitor,
+    MetricAverageCallback,
+)
+from keras_adapt.data import linear_regression, linear_regression_gradient_stats
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+
+rank, size = keras_adapt.rank(), keras_adapt.size()
+results = {"rank": rank, "size": size, "ops": keras_adapt.ops.implementation()}
+
+
+def linear_model(dim, weights):
+    model = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(1, use_bias=False)])
+    model.layers[0].set_weights([np.asarray(weights, np.float32).reshape(dim, 1)])
+    return model
+
+
+# -- gns: analytic truth at fixed weights --------------------------------
+dim, noise, batch, steps = 16, 1.0, 32, 600
+rng = np.random.default_rng(7)
+w_true = rng.standard_normal(dim)
+w0 = w_true + rng.standard_normal(dim) / np.sqrt(dim)
+x, y = linear_regression(steps * batch, dim, w_true, noise_std=noise, seed=100 + rank)
+model = linear_model(dim, w0)
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.995)
+model.compile(opt, "mse")
+monitor = GradientStatsMonitor(interval=50)
+model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+measured = opt.gradient_statistics.result()
+results["gns"] = {
+    "measured": measured,
+    "truth": linear_regression_gradient_stats(w0, w_true, noise),
+    "weights_unchanged": bool(np.allclose(model.get_weights()[0].ravel(), w0, atol=0)),
+}
+
+
+# -- train: broadcast + monitoring on vs off -----------------------------
+def mlp(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(32, activation="tanh"),
+        keras.layers.Dense(1),
+    ])
+
+
+def train(gradient_stats, x, y, epochs=3):
+    model = mlp(seed=1234 + rank)  # different start on each rank on purpose
+    opt = keras_adapt.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), gradient_stats=gradient_stats
+    )
+    model.compile(opt, "mse")
+    losses = []
+    cbs = [BroadcastGlobalVariablesCallback(0)]
+    if gradient_stats:
+        cbs.append(GradientStatsMonitor(interval=5))
+    cbs += [MetricAverageCallback(),
+            keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))]
+    hist = model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, callbacks=cbs)
+    return model, opt, losses, hist.history
+
+
+x, y = linear_regression(512, 16, np.linspace(-1, 1, 16), seed=200 + rank)
+m_on, opt_on, losses_on, hist_on = train(True, x, y)
+m_off, _, losses_off, _ = train(False, x, y)
+results["train"] = {
+    "weights_on": [w.ravel().tolist() for w in m_on.get_weights()],
+    "weights_off": [w.ravel().tolist() for w in m_off.get_weights()],
+    "optimizer_vars": [np.asarray(v).ravel().tolist() for v in opt_on.variables],
+    "losses_on": losses_on,
+    "losses_off": losses_off,
+    "history": hist_on,
+    "stats": opt_on.gradient_statistics.result(),
+}
+
+# -- nan: a NaN input on rank 1 only, in batch 3 of 10 ----------------------
+x, y = linear_regression(160, 16, np.linspace(-1, 1, 16), seed=300 + rank)
+if rank == 1 or size == 1:
+    x[3 * 16 + 5, 2] = np.nan
+model = mlp(seed=99)
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01))
+model.compile(opt, "mse")
+stats = opt.gradient_statistics
+snapshots = []
+
+
+class Snapshot(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        snapshots.append({
+            "batch": batch,
+            "ema_grad_sqr": float(stats.ema_grad_sqr.numpy()),
+            "ema_grad_var": float(stats.ema_grad_var.numpy()),
+            "updates": int(stats.updates.numpy()),
+            "nonfinite": int(stats.nonfinite.numpy()),
+            "skipped": int(opt.skipped_steps.numpy()),
+            "iterations": int(opt.iterations.numpy()),
+        })
+
+
+model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+          callbacks=[BroadcastGlobalVariablesCallback(0), GradientStatsMonitor(interval=1), Snapshot()])
+results["nan"] = {
+    "snapshots": snapshots,
+    "weights": [w.ravel().tolist() for w in model.get_weights()],
+    "finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
+}
+
+os.makedirs(args.out, exist_ok=True)
+with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    json.dump(results, f)
