@@ -137,3 +137,15 @@ def test_invalid_choice_names_the_variable_and_values():
     proc = _run_python(CHECK, KERAS_ADAPT_OPS="fast")
     assert proc.returncode != 0
     assert "KERAS_ADAPT_OPS='fast'" in proc.stderr and "auto, native, twin" in proc.stderr
+
+
+def test_use_implementation_switches_for_the_block_only():
+    before = ops.implementation()
+    with ops.use_implementation("twin"):
+        assert ops.implementation() == "twin"
+        per, total = ops.squared_norms([tf.constant([1.0, 2.0])])
+        assert float(total) == 5.0
+    assert ops.implementation() == before
+    with pytest.raises(ValueError, match="use 'native' or 'twin'"):
+        with ops.use_implementation("gpu"):
+            pass

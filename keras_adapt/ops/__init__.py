@@ -14,6 +14,8 @@ Example:
 ([6.0, 4.0], 10.0)
 """
 
+import contextlib
+
 from keras_adapt.ops import _loader
 from keras_adapt.ops.squared_norms import squared_norms, squared_norms_twin
 
@@ -30,4 +32,34 @@ def implementation():
     return "native" if _loader.load() is not None else "twin"
 
 
-__all__ = ["implementation", "squared_norms", "squared_norms_twin"]
+@contextlib.contextmanager
+def use_implementation(name):
+    """Temporarily forces ``"native"`` or ``"twin"`` for ops traced inside the block.
+
+    The choice is read when a function is traced, so wrap the first call of
+    a ``tf.function`` (or the first ``fit``). Used by the benchmarks to time
+    both implementations in one process.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from keras_adapt import ops
+    >>> with ops.use_implementation("twin"):
+    ...     ops.implementation()
+    'twin'
+    """
+    if name not in ("native", "twin"):
+        raise ValueError(f"use_implementation({name!r}): use 'native' or 'twin'")
+    if name == "native" and _loader.load() is None:
+        raise ImportError("the native op library is not loaded: " + str(_loader._state["reason"]))
+    saved = dict(_loader._state)
+    if name == "twin":
+        _loader._state.update(module=None, resolved=True, reason="use_implementation('twin')")
+    try:
+        yield
+    finally:
+        _loader._state.clear()
+        _loader._state.update(saved)
+
+
+__all__ = ["implementation", "squared_norms", "squared_norms_twin", "use_implementation"]

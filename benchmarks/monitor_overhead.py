@@ -1,0 +1,205 @@
+"""Step-time overhead of keras-adapt's DistributedOptimizer vs plain Horovod.
+
+Run from the repository (it launches itself on 2 local workers):
+
+    .venv/bin/python benchmarks/monitor_overhead.py          # primary stack
+    .venv-keras2/bin/python benchmarks/monitor_overhead.py   # legacy stack
+
+Configurations, timed in the same processes, interleaved in rounds:
+
+* ``baseline``: on tf.keras 2, Horovod's own ``hvd.DistributedOptimizer``; on
+  Keras 3, where that cannot run, the minimal pattern that does: a Keras
+  optimizer subclass whose ``apply_gradients`` averages with
+  ``hvd.grouped_allreduce``;
+* ``off``: ``keras_adapt.DistributedOptimizer(gradient_stats=False)``;
+* ``on``: with gradient statistics (the C++ op);
+* ``on_twin``: with gradient statistics (the pure-TF twin).
+
+Prints a table and one JSON line:
+``{"bench": "monitor_overhead", "stack": ..., "ratio_off": ..., "ratio_on": ..., "op_vs_twin": ...}``
+(ratios of median step times, ours / baseline; op_vs_twin = on / on_twin).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODELS = ("mlp", "cnn")
+CONFIGS = ("baseline", "off", "on", "on_twin")
+
+
+def launch(args):
+    out = tempfile.mkdtemp(prefix="monitor_overhead_")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+           "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
+           "--worker", "--out", out, "--rounds", str(args.rounds), "--steps", str(args.steps)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"benchmark workers failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    with open(os.path.join(out, "rank0.json")) as f:
+        result = json.load(f)
+    report(result)
+
+
+def report(result):
+    med = result["median_ms"]
+    print(f"\nmonitor overhead, stack={result['stack']} ({result['versions']}), 2 workers, Gloo")
+    print(f"{'model':6s} " + " ".join(f"{c:>10s}" for c in CONFIGS) + "   off/base   on/base   on/twin")
+    for m in MODELS:
+        row = med[m]
+        print(f"{m:6s} " + " ".join(f"{row[c]:9.2f}ms" for c in CONFIGS)
+              + f"   {row['off'] / row['baseline']:8.3f}  {row['on'] / row['baseline']:8.3f}"
+              f"  {row['on'] / row['on_twin']:8.3f}")
+    k = result["kernel"]
+    print(f"squared norms of {k['params'] / 1e6:.1f}M params in {k['tensors']} tensors: "
+          f"op {k['op_ms']:.2f} ms, twin {k['twin_ms']:.2f} ms")
+
+    def ratio(a, b):
+        return round(statistics.mean(med[m][a] / med[m][b] for m in MODELS), 4)
+
+    line = {
+        "bench": "monitor_overhead",
+        "stack": result["stack"],
+        "ratio_off": ratio("off", "baseline"),
+        "ratio_on": ratio("on", "baseline"),
+        "op_vs_twin": ratio("on", "on_twin"),
+        "op_vs_twin_kernel": round(k["op_ms"] / k["twin_ms"], 4),
+        "per_model": {m: {c: round(med[m][c], 4) for c in CONFIGS} for m in MODELS},
+    }
+    print(json.dumps(line))
+
+
+def worker(args):
+    import numpy as np
+    import tensorflow as tf
+
+    # two workers share two cores: one thread each keeps the timing honest
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import horovod.tensorflow as hvd
+    import keras
+
+    import keras_adapt
+    from keras_adapt import _keras, ops
+    from keras_adapt.callbacks import GradientStatsMonitor
+
+    hvd.init()
+    rank = hvd.rank()
+
+    def build(kind):
+        keras.utils.set_random_seed(0)
+        if kind == "mlp":
+            return keras.Sequential([keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
+                                     keras.layers.Dense(512, activation="relu"),
+                                     keras.layers.Dense(10, activation="softmax")]), (784,), 64
+        return keras.Sequential([
+            keras.Input((28, 28, 1)), keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10, activation="softmax")]), (28, 28, 1), 32
+
+    def baseline_optimizer():
+        if not _keras.IS_KERAS3:
+            import horovod.tensorflow.keras as hvd_keras
+
+            return hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+
+        class HorovodSGD(keras.optimizers.SGD):  # the minimal working Keras 3 pattern
+            def apply_gradients(self, grads_and_vars):
+                grads, variables = zip(*grads_and_vars)
+                grads = hvd.grouped_allreduce(list(grads), op=hvd.Average)
+                return super().apply_gradients(zip(grads, variables))
+
+        return HorovodSGD(0.01, momentum=0.9)
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = []
+            self._last = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            if self._last is not None:
+                self.times.append(now - self._last)
+            self._last = now
+
+    setups = {}
+    for kind in MODELS:
+        for config in CONFIGS:
+            model, shape, batch = build(kind)
+            if config == "baseline":
+                opt = baseline_optimizer()
+            else:
+                opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9),
+                                                       gradient_stats=config != "off")
+            model.compile(opt, "sparse_categorical_crossentropy")
+            rng = np.random.default_rng(rank)
+            n = batch * args.steps
+            x = rng.standard_normal((n,) + shape).astype("float32")
+            y = rng.integers(0, 10, n)
+            cbs = [GradientStatsMonitor(interval=10)] if config.startswith("on") else []
+            impl = "twin" if config == "on_twin" else ops.implementation()
+            with ops.use_implementation(impl):  # traced (and warmed up) here
+                model.fit(x[: batch * 10], y[: batch * 10], batch_size=batch, epochs=1, verbose=0,
+                          callbacks=cbs)
+            setups[(kind, config)] = (model, x, y, batch, cbs)
+
+    times = {(k, c): [] for k in MODELS for c in CONFIGS}
+    for _ in range(args.rounds):
+        for key, (model, x, y, batch, cbs) in setups.items():
+            timer = StepTimer()
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False,
+                      callbacks=cbs + [timer])
+            times[key].extend(timer.times)
+
+    # kernel microbenchmark: ResNet-50-sized gradient (25.6M params, 161 tensors)
+    rng = np.random.default_rng(0)
+    sizes = [int(s) for s in rng.integers(64, 250_000, 160)]
+    sizes.append(25_600_000 - sum(sizes))
+    tensors = [tf.constant(rng.standard_normal(s).astype("float32")) for s in sizes]
+
+    def timed(fn):
+        f = tf.function(fn)
+        f(tensors)
+        samples = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            f(tensors)[1].numpy()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples) * 1e3
+
+    kernel = {"params": 25_600_000, "tensors": len(sizes),
+              "op_ms": timed(ops.squared_norms), "twin_ms": timed(ops.squared_norms_twin)}
+
+    import horovod
+
+    result = {
+        "stack": "primary" if _keras.IS_KERAS3 else "legacy",
+        "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
+        "median_ms": {k: {c: statistics.median(times[(k, c)]) * 1e3 for c in CONFIGS} for k in MODELS},
+        "kernel": kernel,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=150, help="timed steps per round")
+    args = parser.parse_args()
+    worker(args) if args.worker else launch(args)
+
+
+if __name__ == "__main__":
+    main()
