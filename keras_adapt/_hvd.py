@@ -38,16 +38,40 @@ def ensure_initialized():
 
 
 def size():
+    """Number of Horovod workers in the job (1 without horovodrun or Horovod).
+
+    Example:
+
+    >>> import keras_adapt
+    >>> keras_adapt.size() >= 1
+    True
+    """
     ensure_initialized()
     return 1 if hvd is None else hvd.size()
 
 
 def rank():
+    """This worker's rank, 0 .. size()-1 (0 without horovodrun or Horovod).
+
+    Example:
+
+    >>> import keras_adapt
+    >>> 0 <= keras_adapt.rank() < keras_adapt.size()
+    True
+    """
     ensure_initialized()
     return 0 if hvd is None else hvd.rank()
 
 
 def local_rank():
+    """This worker's rank among the workers on its machine (pick a GPU with it).
+
+    Example:
+
+    >>> import keras_adapt
+    >>> keras_adapt.local_rank() >= 0
+    True
+    """
     ensure_initialized()
     return 0 if hvd is None else hvd.local_rank()
 

@@ -1,0 +1,32 @@
+"""The main example runs under horovodrun and produces what it promises."""
+
+import csv
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import _env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.primary_only
+def test_monitor_noise_scale_example_on_two_workers(tmp_path):
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+           os.path.join(ROOT, "examples", "monitor_noise_scale.py"),
+           "--epochs", "4", "--logdir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    epochs = [l for l in proc.stdout.splitlines() if "gns" in l and "epoch" in l]
+    assert len(epochs) == 4, proc.stdout  # printed by rank 0 only
+    rows = list(csv.DictReader(open(tmp_path / "history.csv")))
+    assert len(rows) == 4
+    gns = [float(r["gns"]) for r in rows]
+    assert all(math.isfinite(g) and g > 0 for g in gns)
+    assert float(rows[-1]["accuracy"]) > 0.9
+    assert "test accuracy" in proc.stdout
+    assert os.listdir(tmp_path / "tensorboard" / "train")
