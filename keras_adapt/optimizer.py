@@ -40,6 +40,25 @@ class _AdaptState:
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
 
 
+def _check_not_xla():
+    """Raises a clear error when traced inside an XLA cluster (jit_compile=True).
+
+    Horovod's collectives and keras-adapt's op have no XLA kernels; without
+    this check the user gets a long XLA compilation error instead.
+    """
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # internal module moved: let XLA report it
+        return
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            "keras_adapt.DistributedOptimizer cannot run inside an XLA-compiled "
+            "train step (jit_compile=True): Horovod's collectives and keras-adapt's "
+            "ops have no XLA kernels. Compile the model with jit_compile=False "
+            "(on Keras 3, jit_compile='auto' enables XLA when a GPU is present)."
+        )
+
+
 def _dense(g):
     # Sparse gradients (embeddings) are averaged densely, like Horovod's
     # sparse_as_dense=True: one fused collective instead of an allgather.
@@ -93,6 +112,7 @@ class _DistributedCore:
     def _ka_distributed_apply(self, grads, variables, apply_fn):
         """Averages ``grads`` across workers, updates the statistics, then
         calls ``apply_fn(averaged_grads)`` (possibly skipped if non-finite)."""
+        _check_not_xla()
         state = self._keras_adapt
         grads = [_dense(g) for g in grads]
         present = [i for i, g in enumerate(grads) if g is not None]

@@ -180,3 +180,12 @@ def test_wrapping_twice_is_refused():
 def test_bad_arguments(kwargs, err, match):
     with pytest.raises(err, match=match):
         keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_jit_compile_is_refused_with_a_clear_error():
+    model = _mlp()
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse",
+                  jit_compile=True)
+    x, y = _data(64)
+    with pytest.raises(ValueError, match="jit_compile=False"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
