@@ -10,15 +10,10 @@ import warnings
 
 try:  # pragma: no cover - exercised on both branches by the test matrix
     import horovod.tensorflow as hvd
-except ImportError as _exc:  # noqa: F841
+except ImportError:
     hvd = None
 
 _warned = []
-
-
-def available():
-    """True when Horovod's TensorFlow collectives can be imported."""
-    return hvd is not None
 
 
 def ensure_initialized():
@@ -76,7 +71,7 @@ def local_rank():
     return 0 if hvd is None else hvd.local_rank()
 
 
-def grouped_allreduce_average(tensors, name=None):
+def grouped_allreduce_average(tensors):
     """Averages a list of tensors over all workers in as few collectives as possible.
 
     Horovod's grouped allreduce takes one dtype per group, so the tensors are
@@ -89,7 +84,7 @@ def grouped_allreduce_average(tensors, name=None):
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
     out = [None] * len(tensors)
-    for dtype, idx in by_dtype.items():
+    for idx in by_dtype.values():
         reduced = hvd.grouped_allreduce([tensors[i] for i in idx], op=hvd.Average)
         for i, r in zip(idx, reduced):
             out[i] = r

@@ -204,7 +204,7 @@ class _Keras2Binding(_DistributedCore):
         return self.iterations
 
 
-def _validate(optimizer, gradient_stats, ema_decay, batch_size, skip_nonfinite):
+def _validate(optimizer, gradient_stats, skip_nonfinite):
     if isinstance(optimizer, str):
         import keras
 
@@ -276,7 +276,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     >>> type(opt).__name__, opt.gradient_statistics is not None
     ('SGD', True)
     """
-    optimizer = _validate(optimizer, gradient_stats, ema_decay, batch_size, skip_nonfinite)
+    optimizer = _validate(optimizer, gradient_stats, skip_nonfinite)
     stats = GradientStatistics(ema_decay=ema_decay, batch_size=batch_size) if gradient_stats else None
     _hvd.ensure_initialized()
 

@@ -78,19 +78,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 "use a rank between 0 and size-1"
             )
 
+    def _broadcast_all(self):
+        optimizer = getattr(self.model, "optimizer", None)
+        broadcast_variables(_variables(self.model) + _variables(optimizer), self.root_rank)
+
     def on_train_begin(self, logs=None):
         self._check_rank()
         self._done = False
-        broadcast_variables(
-            _variables(self.model) + _variables(getattr(self.model, "optimizer", None)),
-            self.root_rank,
-        )
+        self._broadcast_all()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._done:
-            return
-        self._done = True
-        broadcast_variables(
-            _variables(self.model) + _variables(getattr(self.model, "optimizer", None)),
-            self.root_rank,
-        )
+        if not self._done:
+            self._done = True
+            self._broadcast_all()

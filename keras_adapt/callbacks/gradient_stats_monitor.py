@@ -4,7 +4,7 @@ import warnings
 
 import keras
 
-from keras_adapt import _train_step
+from keras_adapt import _hvd, _train_step
 from keras_adapt.optimizer import is_distributed
 
 #: Log keys written by this monitor (DESIGN.md section 4).
@@ -90,8 +90,6 @@ class GradientStatsMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._steps = 0
         self._values = None
-        from keras_adapt import _hvd
-
         if _hvd.size() == 1:
             warnings.warn(
                 "keras-adapt: one worker, so the noise scale comes from the "

@@ -48,18 +48,8 @@ def use_implementation(name):
     ...     ops.implementation()
     'twin'
     """
-    if name not in ("native", "twin"):
-        raise ValueError(f"use_implementation({name!r}): use 'native' or 'twin'")
-    if name == "native" and _loader.load() is None:
-        raise ImportError("the native op library is not loaded: " + str(_loader._state["reason"]))
-    saved = dict(_loader._state)
-    if name == "twin":
-        _loader._state.update(module=None, resolved=True, reason="use_implementation('twin')")
-    try:
+    with _loader.forced(name):
         yield
-    finally:
-        _loader._state.clear()
-        _loader._state.update(saved)
 
 
 __all__ = ["implementation", "squared_norms", "squared_norms_twin", "use_implementation"]

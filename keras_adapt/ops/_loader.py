@@ -11,6 +11,7 @@ Chosen by the environment variable ``KERAS_ADAPT_OPS``:
 ``KERAS_ADAPT_OPS_LIBRARY`` points at a library file explicitly.
 """
 
+import contextlib
 import glob
 import os
 import warnings
@@ -77,6 +78,23 @@ def load():
     _state["module"] = module
     _state["resolved"] = True
     return module
+
+
+@contextlib.contextmanager
+def forced(name):
+    """Within the block, ``load()`` answers as if ``KERAS_ADAPT_OPS=name``."""
+    if name not in ("native", "twin"):
+        raise ValueError(f"use_implementation({name!r}): use 'native' or 'twin'")
+    if name == "native" and load() is None:
+        raise ImportError(f"the native op library is not loaded: {_state['reason']}")
+    saved = dict(_state)
+    if name == "twin":
+        _state.update(module=None, resolved=True, reason="use_implementation('twin')")
+    try:
+        yield
+    finally:
+        _state.clear()
+        _state.update(saved)
 
 
 def reset():
