@@ -5,7 +5,8 @@ Run from the repository (it launches itself on 2 local workers):
     .venv/bin/python benchmarks/monitor_overhead.py          # primary stack
     .venv-keras2/bin/python benchmarks/monitor_overhead.py   # legacy stack
 
-Configurations, timed in the same processes, interleaved in rounds:
+Each worker is pinned to its own core. Configurations are timed in the same
+processes, interleaved in rounds of alternating order:
 
 * ``baseline``: on tf.keras 2, Horovod's own ``hvd.DistributedOptimizer``; on
   Keras 3, where that cannot run, the minimal pattern that does: a Keras
@@ -17,7 +18,10 @@ Configurations, timed in the same processes, interleaved in rounds:
 
 Prints a table and one JSON line:
 ``{"bench": "monitor_overhead", "stack": ..., "ratio_off": ..., "ratio_on": ..., "op_vs_twin": ...}``
-(ratios of median step times, ours / baseline; op_vs_twin = on / on_twin).
+(ours / baseline: per round the ratio of median step times, then the median
+over rounds; ``spread_*`` gives the smallest and largest round ratio, because
+on a small shared machine the rounds differ by several percent;
+op_vs_twin = on / on_twin).
 """
 
 import argparse
@@ -48,7 +52,8 @@ def launch(args):
 
 
 def report(result):
-    med = result["median_ms"]
+    rounds = result["rounds_ms"]
+    med = {m: {c: statistics.median(rounds[m][c]) for c in CONFIGS} for m in MODELS}
     print(f"\nmonitor overhead, stack={result['stack']} ({result['versions']}), 2 workers, Gloo")
     print(f"{'model':6s} " + " ".join(f"{c:>10s}" for c in CONFIGS) + "   off/base   on/base   on/twin")
     for m in MODELS:
@@ -60,8 +65,18 @@ def report(result):
     print(f"squared norms of {k['params'] / 1e6:.1f}M params in {k['tensors']} tensors: "
           f"op {k['op_ms']:.2f} ms, twin {k['twin_ms']:.2f} ms")
 
+    def round_ratios(a, b):
+        # ratios within a round share the machine's state at that moment, so
+        # their median is steadier than a ratio of overall medians
+        return [statistics.mean(rounds[m][a][r] / rounds[m][b][r] for m in MODELS)
+                for r in range(len(rounds[MODELS[0]][a]))]
+
     def ratio(a, b):
-        return round(statistics.mean(med[m][a] / med[m][b] for m in MODELS), 4)
+        return round(statistics.median(round_ratios(a, b)), 4)
+
+    def spread(a, b):
+        rr = round_ratios(a, b)
+        return [round(min(rr), 4), round(max(rr), 4)]
 
     line = {
         "bench": "monitor_overhead",
@@ -70,12 +85,23 @@ def report(result):
         "ratio_on": ratio("on", "baseline"),
         "op_vs_twin": ratio("on", "on_twin"),
         "op_vs_twin_kernel": round(k["op_ms"] / k["twin_ms"], 4),
+        "rounds": len(rounds[MODELS[0]]["on"]),
+        "spread_off": spread("off", "baseline"),
+        "spread_on": spread("on", "baseline"),
         "per_model": {m: {c: round(med[m][c], 4) for c in CONFIGS} for m in MODELS},
     }
     print(json.dumps(line))
 
 
 def worker(args):
+    # Pin each worker (and every thread it will start) to its own core before
+    # TensorFlow starts its pools. Unpinned, the two workers' threads migrate
+    # across the two cores and step times move by +-10% between runs, far
+    # more than the 1-2% this benchmark has to resolve.
+    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    if hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
     import numpy as np
     import tensorflow as tf
 
@@ -152,12 +178,14 @@ def worker(args):
             setups[(kind, config)] = (model, x, y, batch, cbs)
 
     times = {(k, c): [] for k in MODELS for c in CONFIGS}
-    for _ in range(args.rounds):
-        for key, (model, x, y, batch, cbs) in setups.items():
+    order = list(setups.items())
+    for r in range(args.rounds):
+        # alternate the order so no configuration always runs first or last
+        for key, (model, x, y, batch, cbs) in (order if r % 2 == 0 else order[::-1]):
             timer = StepTimer()
             model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False,
                       callbacks=cbs + [timer])
-            times[key].extend(timer.times)
+            times[key].append(statistics.median(timer.times))
 
     # kernel microbenchmark: ResNet-50-sized gradient (25.6M params, 161 tensors)
     rng = np.random.default_rng(0)
@@ -183,7 +211,8 @@ def worker(args):
     result = {
         "stack": "primary" if _keras.IS_KERAS3 else "legacy",
         "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
-        "median_ms": {k: {c: statistics.median(times[(k, c)]) * 1e3 for c in CONFIGS} for k in MODELS},
+        # per round: the median step time of each configuration
+        "rounds_ms": {k: {c: [t * 1e3 for t in times[(k, c)]] for c in CONFIGS} for k in MODELS},
         "kernel": kernel,
     }
     os.makedirs(args.out, exist_ok=True)
@@ -195,8 +224,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=150, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=80, help="timed steps per round")
     args = parser.parse_args()
     worker(args) if args.worker else launch(args)
 

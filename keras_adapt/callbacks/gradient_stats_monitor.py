@@ -26,8 +26,10 @@ class GradientStatsMonitor(keras.callbacks.Callback):
     ``keras_adapt.DistributedOptimizer`` and are identical on every worker
     (they derive from allreduced values). This callback only reads them:
     every ``interval`` steps and at the end of each epoch, with no collective
-    and no per-step host sync. In between, the last values read are repeated
-    so every batch's logs carry the same keys.
+    and no per-step host sync (it is async-safe, so Keras 3 can keep
+    dispatching steps without waiting for the host). In between, the last
+    values read are repeated so every batch's logs carry the same keys;
+    ``interval`` counts steps within an epoch.
 
     Keys: ``gns`` (B_simple, the critical batch size in samples),
     ``grad_sqr`` (|G|^2), ``grad_var`` (tr Sigma, per sample) and
@@ -57,8 +59,15 @@ class GradientStatsMonitor(keras.callbacks.Callback):
         super().__init__()
         _check_interval(interval)
         self.interval = interval
+        # Keras 3 forces a host sync after every step (to turn the logs into
+        # python numbers) as soon as one callback has a batch hook that is not
+        # async-safe; tf.keras 2 does the same for callbacks that do not take
+        # tensor logs. This monitor only copies cached floats into the logs
+        # and reads variables, so it is safe to run off the training thread
+        # and must not be the reason for a per-step sync.
+        self.async_safe = True
+        self._supports_tf_logs = True
         self._values = None
-        self._steps = 0
         self._stats = None
 
     def set_model(self, model):
@@ -88,7 +97,6 @@ class GradientStatsMonitor(keras.callbacks.Callback):
         return result
 
     def on_train_begin(self, logs=None):
-        self._steps = 0
         self._values = None
         if _hvd.size() == 1:
             warnings.warn(
@@ -100,8 +108,9 @@ class GradientStatsMonitor(keras.callbacks.Callback):
             )
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
-        if self._values is None or self._steps % self.interval == 0:
+        # `batch` rather than a counter of our own: with async dispatch
+        # Keras may run batch hooks of different steps concurrently.
+        if self._values is None or (batch + 1) % self.interval == 0:
             self._read()
         if logs is not None:
             logs.update(self._values)

@@ -124,20 +124,20 @@ class GradientStatistics(tf.Module):
         usable = finite & (b > 0) & (m >= 2.0) & tf.cast(valid, tf.bool)
         beta = tf.constant(self.ema_decay, _F64)
 
-        def fold():
-            self.ema_grad_sqr.assign(beta * self.ema_grad_sqr + (1.0 - beta) * grad_sqr)
-            self.ema_grad_var.assign(beta * self.ema_grad_var + (1.0 - beta) * grad_var)
-            self.updates.assign_add(1)
-            self.global_batch.assign(per_step * b)
-            self.last_local_sqr.assign(local_sqr)
-            self.last_total_sqr.assign(total_sqr)
-            return tf.constant(True)
+        # Branch-free: no tf.cond (and its branch functions) on the per-step
+        # path for a handful of scalars. tf.where keeps the old value when the
+        # measurement is unusable, so a NaN never enters an average.
+        def keep_or(var, new):
+            var.assign(tf.where(usable, new, var.read_value()))
 
-        def skip():
-            self.nonfinite.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-            return tf.constant(False)
-
-        return tf.cond(usable, fold, skip)
+        keep_or(self.ema_grad_sqr, beta * self.ema_grad_sqr + (1.0 - beta) * grad_sqr)
+        keep_or(self.ema_grad_var, beta * self.ema_grad_var + (1.0 - beta) * grad_var)
+        keep_or(self.global_batch, per_step * b)
+        keep_or(self.last_local_sqr, local_sqr)
+        keep_or(self.last_total_sqr, total_sqr)
+        self.updates.assign_add(tf.cast(usable, tf.int64))
+        self.nonfinite.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        return usable
 
     def result(self):
         """Reads the current estimates on the host (one small device-to-host copy).
