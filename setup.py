@@ -80,7 +80,12 @@ setup(
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["keras_adapt", "keras_adapt.*"]),
+    packages=find_packages(include=["keras_adapt", "keras_adapt.*"])
+    + ["tensorboard_plugin_adapt"],
+    # The TensorBoard plugin lives beside the library (plugins/) but installs
+    # as its own top-level package, as TensorBoard's plugin examples do.
+    package_dir={"tensorboard_plugin_adapt": "plugins/tensorboard_plugin_adapt"},
+    package_data={"tensorboard_plugin_adapt": ["static/*"]},
     ext_modules=_op_extensions(),
     cmdclass={"build_ext": BuildOps},
     install_requires=["numpy"],

@@ -1,0 +1,186 @@
+"""The "adapt" schema: plugin name, tags, data classes and the event record.
+
+Both sides import this module: the writers (``summary.py`` and
+``keras_adapt.events``) and the reader (``plugin.py``). Changing a name here
+changes it everywhere. No TensorFlow import: TensorBoard loads the plugin
+(and this module) in its own process.
+
+Event record (one JSON object per line in ``<logdir>/adapt_events.jsonl``,
+and the same object in TensorBoard under :data:`EVENTS_TAG`)::
+
+    {"step": int, "epoch": int, "wall_time": float, "kind": str, "rank": int,
+     "policy": str, "reason": str, "before": {...}, "after": {...}}
+
+Example:
+
+>>> from tensorboard_plugin_adapt import metadata
+>>> e = metadata.make_event("batch_size", step=120, epoch=1, policy="GNSBatchSizePolicy",
+...                         reason="gns 410 > 2 x 128", before={"batch_size": 128},
+...                         after={"batch_size": 256}, wall_time=1.5)
+>>> metadata.parse_event_line(metadata.event_to_json(e)) == e
+True
+>>> metadata.SCALAR_TAGS["gns"], metadata.step_time_tag(1)
+('adapt/gns', 'adapt/step_time/rank_1')
+"""
+
+import json
+import math
+import numbers
+import time
+
+PLUGIN_NAME = "adapt"
+#: Version of the plugin-data content; bump it when the record format changes.
+PROTO_VERSION = 0
+
+TAG_PREFIX = "adapt/"
+#: Logs key (DESIGN.md section 4) -> TensorBoard scalar tag.
+SCALAR_TAGS = {
+    key: TAG_PREFIX + key
+    for key in ("gns", "batch_size", "lr", "workers", "throughput",
+                "grad_sqr", "grad_var", "grad_snr")
+}
+STEP_TIME_TAG_PREFIX = TAG_PREFIX + "step_time/rank_"
+#: String tensor tag holding the JSON event records (data class TENSOR).
+EVENTS_TAG = TAG_PREFIX + "events"
+#: File name of the JSONL event log inside a run's log directory.
+EVENTS_FILENAME = "adapt_events.jsonl"
+
+EVENT_KINDS = (
+    "batch_size", "lr", "resize", "sync_strategy", "straggler",
+    "preemption", "checkpoint", "resume", "policy_error",
+)
+EVENT_FIELDS = ("step", "epoch", "wall_time", "kind", "rank",
+                "policy", "reason", "before", "after")
+
+_FIELD_TYPES = {
+    "step": "int", "epoch": "int", "rank": "int", "wall_time": "number",
+    "kind": "str", "policy": "str", "reason": "str",
+    "before": "dict", "after": "dict",
+}
+
+
+def step_time_tag(rank):
+    """Tag of one worker's step-time series, e.g. ``adapt/step_time/rank_0``."""
+    return f"{STEP_TIME_TAG_PREFIX}{int(rank)}"
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check(field, value):
+    kind = _FIELD_TYPES[field]
+    ok = {
+        "int": _is_int(value),
+        "number": isinstance(value, numbers.Real) and not isinstance(value, bool)
+        and math.isfinite(float(value)),
+        "str": isinstance(value, str),
+        "dict": isinstance(value, dict),
+    }[kind]
+    if not ok:
+        raise ValueError(
+            f"adaptation event field {field!r}={value!r} is not valid; it must be "
+            f"a{'n' if kind == 'int' else ''} {kind}"
+        )
+
+
+def _plain(value):
+    """JSON-safe copy: numpy scalars become python numbers, tuples lists."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        return f if math.isfinite(f) else str(f)
+    return str(value)
+
+
+def make_event(kind, step, epoch, policy, reason, before, after, rank=0, wall_time=None):
+    """Builds a validated event record (a plain dict with :data:`EVENT_FIELDS`).
+
+    ``kind`` must be one of :data:`EVENT_KINDS`; a ``ValueError`` names any
+    bad field. ``before``/``after`` are made JSON-safe (numpy numbers become
+    python numbers, non-finite floats strings).
+    """
+    if kind not in EVENT_KINDS:
+        raise ValueError(
+            f"adaptation event kind={kind!r} is unknown; use one of {', '.join(EVENT_KINDS)}"
+        )
+    event = {
+        "step": step, "epoch": epoch,
+        "wall_time": time.time() if wall_time is None else wall_time,
+        "kind": kind, "rank": rank, "policy": policy, "reason": reason,
+        "before": _plain(before), "after": _plain(after),
+    }
+    for field in EVENT_FIELDS:
+        _check(field, event[field])
+    event["step"], event["epoch"], event["rank"] = int(step), int(epoch), int(rank)
+    event["wall_time"] = float(event["wall_time"])
+    return event
+
+
+def event_to_json(event):
+    """One line of JSON (no newline) for ``event``, keys in schema order."""
+    return json.dumps({k: event[k] for k in EVENT_FIELDS}, allow_nan=False)
+
+
+def parse_event_line(line):
+    """Parses one stored event, tolerating damage; returns a dict or None.
+
+    Readers must never fail on a bad record: a line that is not a JSON
+    object, or lacks ``step`` or ``kind``, gives None. Missing optional
+    fields get defaults. Unknown kinds are kept as they are (a newer writer
+    may know more kinds); readers show them as such.
+    """
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", errors="replace")
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not _is_int(obj.get("step")) or not isinstance(obj.get("kind"), str):
+        return None
+    out = {
+        "step": int(obj["step"]),
+        "epoch": obj["epoch"] if _is_int(obj.get("epoch")) else -1,
+        "wall_time": float(obj["wall_time"]) if isinstance(obj.get("wall_time"), (int, float))
+        and not isinstance(obj.get("wall_time"), bool) else 0.0,
+        "kind": obj["kind"],
+        "rank": obj["rank"] if _is_int(obj.get("rank")) else 0,
+        "policy": obj["policy"] if isinstance(obj.get("policy"), str) else "",
+        "reason": obj["reason"] if isinstance(obj.get("reason"), str) else "",
+        "before": obj["before"] if isinstance(obj.get("before"), dict) else {},
+        "after": obj["after"] if isinstance(obj.get("after"), dict) else {},
+    }
+    return out
+
+
+def create_summary_metadata(data_class="scalar", description=""):
+    """A ``SummaryMetadata`` proto marking a value as written by this plugin.
+
+    ``data_class`` is ``"scalar"`` for the ``adapt/*`` series and
+    ``"tensor"`` for the event records.
+    """
+    from tensorboard.compat.proto import summary_pb2
+
+    classes = {
+        "scalar": summary_pb2.DATA_CLASS_SCALAR,
+        "tensor": summary_pb2.DATA_CLASS_TENSOR,
+    }
+    if data_class not in classes:
+        raise ValueError(f"data_class={data_class!r} is not valid; use 'scalar' or 'tensor'")
+    return summary_pb2.SummaryMetadata(
+        summary_description=description,
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name=PLUGIN_NAME, content=str(PROTO_VERSION).encode()
+        ),
+        data_class=classes[data_class],
+    )
