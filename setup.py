@@ -90,5 +90,12 @@ setup(
     cmdclass={"build_ext": BuildOps},
     install_requires=["numpy"],
     extras_require={"horovod": ["horovod==0.28.1"]},
+    entry_points={
+        # TensorBoard finds its "Adapt" tab here. The loader (rather than the
+        # plugin class) also raises TensorBoard's default of 10 kept points
+        # per third-party tag, which would drop most adaptation events.
+        "tensorboard_plugins": ["adapt = tensorboard_plugin_adapt.plugin:AdaptLoader"],
+        "console_scripts": ["keras-adapt = keras_adapt.cli:main"],
+    },
     zip_safe=False,
 )

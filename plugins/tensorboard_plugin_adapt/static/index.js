@@ -1,0 +1,386 @@
+// The "Adapt" tab of TensorBoard: an ES module that TensorBoard loads in an
+// iframe (base href /data/plugin/adapt/) and whose render() it calls.
+//
+// Charts are hand-written SVG: no framework, no CDN, no request other than
+// this plugin's own JSON routes. Every piece of data (run names, tags,
+// reasons, before/after values) reaches the page through textContent or
+// setAttribute, never through innerHTML, so a run named
+// `<img src=x onerror=alert(1)>` shows as text.
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const MAX_POINTS = 800;
+
+// One colour per known event kind; unknown kinds (from a newer writer) are grey.
+const KIND_COLORS = {
+  batch_size: '#1f77b4',
+  lr: '#ff7f0e',
+  resize: '#2ca02c',
+  sync_strategy: '#9467bd',
+  straggler: '#d62728',
+  preemption: '#8c564b',
+  checkpoint: '#17becf',
+  resume: '#bcbd22',
+  policy_error: '#e377c2',
+};
+const UNKNOWN_COLOR = '#7f7f7f';
+
+const TAG = (key) => 'adapt/' + key;
+const STEP_TIME_PREFIX = 'adapt/step_time/rank_';
+
+const STYLE = `
+  body { font-family: Roboto, Arial, sans-serif; margin: 12px 16px; color: #212121; }
+  .adapt-bar { display: flex; gap: 12px; align-items: center; flex-wrap: wrap; }
+  .adapt-bar h2 { margin: 0 8px 0 0; font-size: 18px; font-weight: 500; }
+  .adapt-status { color: #616161; font-size: 13px; }
+  .adapt-legend { display: flex; gap: 10px; flex-wrap: wrap; margin: 8px 0; font-size: 12px; }
+  .adapt-legend span.swatch, td span.swatch { display: inline-block; width: 10px; height: 10px;
+    margin-right: 4px; border-radius: 2px; vertical-align: middle; }
+  .adapt-charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr));
+    gap: 12px; }
+  .adapt-card { border: 1px solid #e0e0e0; border-radius: 4px; padding: 8px; background: #fff; }
+  .adapt-card h3 { margin: 0 0 4px 0; font-size: 14px; font-weight: 500; }
+  .adapt-card svg { width: 100%; height: auto; display: block; }
+  .adapt-card .axis { font-size: 10px; fill: #616161; }
+  .adapt-card .grid { stroke: #eeeeee; }
+  .adapt-card .empty { font-size: 12px; fill: #9e9e9e; }
+  .adapt-series-legend { font-size: 11px; color: #424242; display: flex; gap: 10px; }
+  table.adapt-events { border-collapse: collapse; font-size: 12px; margin-top: 8px; width: 100%; }
+  table.adapt-events th, table.adapt-events td { border-bottom: 1px solid #eeeeee;
+    padding: 3px 6px; text-align: left; vertical-align: top; }
+  table.adapt-events td.mono { font-family: monospace; white-space: pre-wrap; word-break: break-all; }
+  .adapt-tooltip { position: fixed; pointer-events: none; background: rgba(33,33,33,0.92);
+    color: #fff; font-size: 12px; padding: 6px 8px; border-radius: 3px; max-width: 420px;
+    white-space: pre-wrap; display: none; z-index: 10; }
+  .adapt-error { color: #b71c1c; font-size: 13px; }
+`;
+
+function el(tag, attrs = {}, text = null) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== null) node.textContent = String(text);
+  return node;
+}
+
+function svg(tag, attrs = {}, text = null) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== null) node.textContent = String(text);
+  return node;
+}
+
+function kindColor(kind) {
+  return Object.prototype.hasOwnProperty.call(KIND_COLORS, kind) ? KIND_COLORS[kind] : UNKNOWN_COLOR;
+}
+
+function fmt(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+  return String(Number(v.toPrecision(4)));
+}
+
+function compact(obj) {
+  try {
+    return JSON.stringify(obj);
+  } catch (e) {
+    return String(obj);
+  }
+}
+
+async function getJson(path) {
+  const response = await fetch(path, {credentials: 'same-origin'});
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.error || `${path}: HTTP ${response.status}`);
+  return body;
+}
+
+// -- tooltip ------------------------------------------------------------------
+
+let tooltip = null;
+
+function showTooltip(evt, lines) {
+  tooltip.textContent = lines.join('\n');
+  tooltip.style.display = 'block';
+  const x = Math.min(evt.clientX + 12, window.innerWidth - 430);
+  tooltip.style.left = `${Math.max(0, x)}px`;
+  tooltip.style.top = `${evt.clientY + 12}px`;
+}
+
+function hideTooltip() {
+  tooltip.style.display = 'none';
+}
+
+function eventLines(e) {
+  return [
+    `${e.kind}${e.known === false ? ' (unknown kind)' : ''} at step ${e.step} (epoch ${e.epoch})`,
+    `policy: ${e.policy}`,
+    `reason: ${e.reason}`,
+    `before: ${compact(e.before)}`,
+    `after:  ${compact(e.after)}`,
+  ];
+}
+
+// -- charts -------------------------------------------------------------------
+
+function niceTicks(lo, hi, count) {
+  if (!(hi > lo)) return [lo];
+  const raw = (hi - lo) / count;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  const ticks = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(t);
+  return ticks;
+}
+
+/**
+ * Draws one chart into `card`.
+ * spec: {id, title, series: [{name, color, points: [[step, wall, value]], step}],
+ *        logY, events, xDomain}
+ */
+function drawChart(card, spec) {
+  const W = 560, H = 220, L = 56, R = 12, T = 10, B = 26;
+  const root = svg('svg', {viewBox: `0 0 ${W} ${H}`, 'data-chart': spec.id, role: 'img'});
+  root.appendChild(svg('title', {}, spec.title));
+  const usable = (v) => v !== null && Number.isFinite(v) && (!spec.logY || v > 0);
+  const ys = [];
+  for (const s of spec.series) for (const p of s.points) if (usable(p[2])) ys.push(p[2]);
+  const [x0, x1] = spec.xDomain;
+  const sx = (x) => L + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * (W - L - R);
+
+  if (!ys.length) {
+    root.appendChild(svg('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', class: 'empty'},
+                         'no data in this run'));
+  } else {
+    let lo = Math.min(...ys), hi = Math.max(...ys);
+    const tf = spec.logY ? Math.log10 : (v) => v;
+    let tlo = tf(lo), thi = tf(hi);
+    if (thi - tlo < 1e-12) { tlo -= spec.logY ? 0.5 : Math.abs(tlo) * 0.1 + 1; thi += spec.logY ? 0.5 : Math.abs(thi) * 0.1 + 1; }
+    const pad = (thi - tlo) * 0.06;
+    tlo -= pad; thi += pad;
+    if (!spec.logY && lo >= 0 && tlo < 0) tlo = 0;
+    const sy = (v) => T + (1 - (tf(v) - tlo) / (thi - tlo)) * (H - T - B);
+
+    // grid and axes
+    const yTicks = spec.logY
+      ? niceTicks(Math.ceil(tlo), Math.floor(thi), 5).filter((t) => Number.isInteger(t)).map((t) => Math.pow(10, t))
+      : niceTicks(tlo, thi, 4);
+    for (const t of yTicks) {
+      const y = sy(t);
+      if (y < T - 1 || y > H - B + 1) continue;
+      root.appendChild(svg('line', {x1: L, x2: W - R, y1: y, y2: y, class: 'grid'}));
+      root.appendChild(svg('text', {x: L - 4, y: y + 3, 'text-anchor': 'end', class: 'axis'}, fmt(t)));
+    }
+    for (const t of niceTicks(x0, x1, 6)) {
+      const x = sx(t);
+      root.appendChild(svg('text', {x, y: H - 8, 'text-anchor': 'middle', class: 'axis'}, fmt(t)));
+    }
+    root.appendChild(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#9e9e9e'}));
+    root.appendChild(svg('line', {x1: L, x2: L, y1: T, y2: H - B, stroke: '#9e9e9e'}));
+
+    for (const s of spec.series) {
+      let d = '';
+      let prev = null;
+      for (const p of s.points) {
+        if (!usable(p[2])) { prev = null; continue; }
+        const x = sx(p[0]).toFixed(1), y = sy(p[2]).toFixed(1);
+        if (prev === null) d += `M${x},${y}`;
+        else if (s.step) d += `H${x}V${y}`;
+        else d += `L${x},${y}`;
+        prev = p;
+      }
+      if (!d) continue;
+      const path = svg('path', {d, fill: 'none', stroke: s.color, 'stroke-width': 1.6,
+                                 class: 'adapt-series', 'data-series': s.name});
+      path.appendChild(svg('title', {}, s.name));
+      root.appendChild(path);
+    }
+  }
+
+  // One vertical marker per event, coloured by kind; a wide transparent
+  // twin catches the mouse.
+  for (const e of spec.events) {
+    const x = sx(e.step);
+    const g = svg('g', {class: 'adapt-marker', 'data-kind': e.kind, 'data-step': e.step});
+    g.appendChild(svg('line', {x1: x, x2: x, y1: T, y2: H - B, stroke: kindColor(e.kind),
+                               'stroke-width': 1.5, 'stroke-dasharray': '4 3'}));
+    const hit = svg('line', {x1: x, x2: x, y1: T, y2: H - B, stroke: 'transparent',
+                             'stroke-width': 9});
+    hit.appendChild(svg('title', {}, eventLines(e).join('\n')));
+    hit.addEventListener('mouseenter', (evt) => showTooltip(evt, eventLines(e)));
+    hit.addEventListener('mousemove', (evt) => showTooltip(evt, eventLines(e)));
+    hit.addEventListener('mouseleave', hideTooltip);
+    g.appendChild(hit);
+    root.appendChild(g);
+  }
+
+  card.textContent = '';
+  card.appendChild(el('h3', {}, spec.title));
+  const legend = el('div', {class: 'adapt-series-legend'});
+  for (const s of spec.series) {
+    const item = el('span');
+    item.appendChild(el('span', {class: 'swatch', style: `background:${s.color}`}));
+    item.appendChild(document.createTextNode(s.name));
+    legend.appendChild(item);
+  }
+  card.appendChild(legend);
+  card.appendChild(root);
+}
+
+// -- events table -------------------------------------------------------------
+
+function renderTable(table, events, kind) {
+  const tbody = table.tBodies[0];
+  tbody.textContent = '';
+  for (const e of events) {
+    if (kind && e.kind !== kind) continue;
+    const tr = el('tr', {'data-kind': e.kind});
+    tr.appendChild(el('td', {}, e.step));
+    tr.appendChild(el('td', {}, e.epoch));
+    const kindCell = el('td');
+    kindCell.appendChild(el('span', {class: 'swatch', style: `background:${kindColor(e.kind)}`}));
+    kindCell.appendChild(document.createTextNode(e.kind + (e.known === false ? ' (unknown)' : '')));
+    tr.appendChild(kindCell);
+    tr.appendChild(el('td', {}, e.policy));
+    tr.appendChild(el('td', {}, e.reason));
+    tr.appendChild(el('td', {class: 'mono'}, compact(e.before)));
+    tr.appendChild(el('td', {class: 'mono'}, compact(e.after)));
+    tbody.appendChild(tr);
+  }
+}
+
+// -- page ---------------------------------------------------------------------
+
+function seriesOf(data, key, name, color, step = false) {
+  return {name, color, step, points: data.series[TAG(key)] || []};
+}
+
+async function showRun(run, ui) {
+  ui.status.textContent = 'loading…';
+  ui.errors.textContent = '';
+  let data, ev;
+  try {
+    const q = encodeURIComponent(run);
+    [data, ev] = await Promise.all([
+      getJson(`scalars?run=${q}&max_points=${MAX_POINTS}`),
+      getJson(`events?run=${q}`),
+    ]);
+  } catch (err) {
+    ui.status.textContent = '';
+    ui.errors.textContent = `Could not load run ${run}: ${err.message}`;
+    return;
+  }
+  if (ui.select.value !== run) return;  // the user picked another run meanwhile
+
+  const events = ev.events || [];
+  let x0 = Infinity, x1 = -Infinity;
+  for (const pts of Object.values(data.series)) for (const p of pts) { x0 = Math.min(x0, p[0]); x1 = Math.max(x1, p[0]); }
+  for (const e of events) { x0 = Math.min(x0, e.step); x1 = Math.max(x1, e.step); }
+  if (!Number.isFinite(x0)) { x0 = 0; x1 = 1; }
+  const common = {events, xDomain: [x0, x1]};
+
+  const stepTimeTags = Object.keys(data.series).filter((t) => t.startsWith(STEP_TIME_PREFIX)).sort(
+    (a, b) => Number(a.slice(STEP_TIME_PREFIX.length)) - Number(b.slice(STEP_TIME_PREFIX.length)));
+  const palette = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
+  const charts = [
+    {id: 'noise', title: 'Noise scale (B_simple) and global batch size (log scale)', logY: true,
+     series: [seriesOf(data, 'gns', 'noise scale', '#6a1b9a'),
+              seriesOf(data, 'batch_size', 'global batch size', '#00897b', true)]},
+    {id: 'lr', title: 'Learning rate', series: [seriesOf(data, 'lr', 'lr', '#ef6c00', true)]},
+    {id: 'workers', title: 'Workers', series: [seriesOf(data, 'workers', 'workers', '#2e7d32', true)]},
+    {id: 'throughput', title: 'Throughput (samples/s)',
+     series: [seriesOf(data, 'throughput', 'samples/s', '#1565c0')]},
+    {id: 'step_time', title: 'Step time per worker (s)',
+     series: stepTimeTags.map((t, i) => ({name: 'rank ' + t.slice(STEP_TIME_PREFIX.length),
+                                          color: palette[i % palette.length], points: data.series[t]}))},
+  ];
+  ui.charts.textContent = '';
+  for (const spec of charts) {
+    const card = el('div', {class: 'adapt-card', 'data-card': spec.id});
+    ui.charts.appendChild(card);
+    drawChart(card, {...common, ...spec});
+  }
+
+  // Kind filter: the kinds present in this run, plus "all".
+  const current = ui.kind.value;
+  ui.kind.textContent = '';
+  ui.kind.appendChild(el('option', {value: ''}, `all kinds (${events.length})`));
+  for (const k of ev.kinds || []) {
+    const n = events.filter((e) => e.kind === k).length;
+    ui.kind.appendChild(el('option', {value: k}, `${k} (${n})`));
+  }
+  ui.kind.value = (ev.kinds || []).includes(current) ? current : '';
+  ui.events = events;
+  renderTable(ui.table, events, ui.kind.value);
+
+  ui.legend.textContent = '';
+  for (const k of ev.kinds || []) {
+    const item = el('span');
+    item.appendChild(el('span', {class: 'swatch', style: `background:${kindColor(k)}`}));
+    item.appendChild(document.createTextNode(k));
+    ui.legend.appendChild(item);
+  }
+  const skipped = ev.skipped ? `, ${ev.skipped} unreadable record(s) skipped` : '';
+  ui.status.textContent = `${events.length} event(s)${skipped}`;
+  document.body.setAttribute('data-adapt-ready', run);
+}
+
+export async function render() {
+  document.head.appendChild(el('style', {}, STYLE));
+  tooltip = el('div', {class: 'adapt-tooltip', id: 'adapt-tooltip'});
+
+  const bar = el('div', {class: 'adapt-bar'});
+  bar.appendChild(el('h2', {}, 'Adaptive training'));
+  const runLabel = el('label', {}, 'Run ');
+  const select = el('select', {id: 'adapt-run'});
+  runLabel.appendChild(select);
+  bar.appendChild(runLabel);
+  const refresh = el('button', {id: 'adapt-refresh', type: 'button'}, 'Refresh');
+  bar.appendChild(refresh);
+  const status = el('span', {class: 'adapt-status', id: 'adapt-status'});
+  bar.appendChild(status);
+
+  const errors = el('div', {class: 'adapt-error', id: 'adapt-error'});
+  const legend = el('div', {class: 'adapt-legend', id: 'adapt-legend'});
+  const charts = el('div', {class: 'adapt-charts', id: 'adapt-charts'});
+
+  const eventsHeader = el('div', {class: 'adapt-bar'});
+  eventsHeader.appendChild(el('h2', {}, 'Adaptation events'));
+  const kindLabel = el('label', {}, 'Kind ');
+  const kind = el('select', {id: 'adapt-kind-filter'});
+  kindLabel.appendChild(kind);
+  eventsHeader.appendChild(kindLabel);
+
+  const table = el('table', {class: 'adapt-events', id: 'adapt-events'});
+  const head = el('tr');
+  for (const h of ['step', 'epoch', 'kind', 'policy', 'reason', 'before', 'after']) head.appendChild(el('th', {}, h));
+  table.appendChild(el('thead')).appendChild(head);
+  table.appendChild(el('tbody'));
+
+  for (const node of [bar, errors, legend, charts, eventsHeader, table, tooltip]) document.body.appendChild(node);
+  const ui = {select, status, errors, legend, charts, kind, table, events: []};
+
+  kind.addEventListener('change', () => renderTable(table, ui.events, kind.value));
+  select.addEventListener('change', () => showRun(select.value, ui));
+
+  async function loadRuns() {
+    let listing;
+    try {
+      listing = await getJson('runs');
+    } catch (err) {
+      errors.textContent = `Could not list runs: ${err.message}`;
+      return;
+    }
+    const previous = select.value;
+    select.textContent = '';
+    for (const r of listing.runs || []) select.appendChild(el('option', {value: r.run}, r.run));
+    if (!(listing.runs || []).length) {
+      status.textContent = 'No adapt data yet: train with keras_adapt.callbacks.AdaptTensorBoard(log_dir).';
+      return;
+    }
+    const names = listing.runs.map((r) => r.run);
+    select.value = names.includes(previous) ? previous : names[0];
+    await showRun(select.value, ui);
+  }
+  refresh.addEventListener('click', loadRuns);
+  await loadRuns();
+}
