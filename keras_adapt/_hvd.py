@@ -101,3 +101,38 @@ def allreduce_average(tensor, name=None):
     if size() == 1:
         return tensor
     return hvd.allreduce(tensor, op=hvd.Average, name=name)
+
+
+def allgather(tensor, name=None):
+    """Concatenates ``tensor`` from all workers along axis 0 (rank order).
+
+    Every worker must call it at the same point with the same ``name``; with
+    one worker it returns ``tensor`` unchanged.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from keras_adapt import _hvd
+    >>> _hvd.allgather(tf.constant([0.5])).shape[0] == _hvd.size()
+    True
+    """
+    if size() == 1:
+        return tensor
+    return hvd.allgather(tensor, name=name)
+
+
+def host_allreduce_mean(values, name):
+    """Averages a small float64 vector over all workers, from host code.
+
+    For callbacks that must agree on host-side measurements (such as step
+    times) before deciding. Every rank must call it at the same point with
+    the same ``name`` and length. Returns a numpy array.
+    """
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    if size() == 1:
+        return values
+    import tensorflow as tf
+
+    return hvd.allreduce(tf.constant(values), op=hvd.Average, name=name).numpy()
