@@ -1,5 +1,6 @@
 """Keras callbacks of keras-adapt (one per module)."""
 
+from keras_adapt.callbacks.adapt_tensorboard import AdaptTensorBoard
 from keras_adapt.callbacks.broadcast_global_variables import (
     BroadcastGlobalVariablesCallback,
     broadcast_variables,
@@ -8,6 +9,7 @@ from keras_adapt.callbacks.gradient_stats_monitor import LOG_KEYS, GradientStats
 from keras_adapt.callbacks.metric_average import MetricAverageCallback
 
 __all__ = [
+    "AdaptTensorBoard",
     "BroadcastGlobalVariablesCallback",
     "GradientStatsMonitor",
     "LOG_KEYS",

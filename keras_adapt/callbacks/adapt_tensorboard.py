@@ -1,0 +1,274 @@
+"""AdaptTensorBoard: the ``adapt/*`` series, per-worker step times and events for TensorBoard."""
+
+import os
+import threading
+import time
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+import keras
+from keras_adapt import _hvd, events
+from tensorboard_plugin_adapt import metadata, summary
+
+#: Logs keys copied from the logs when present (DESIGN.md section 4).
+SERIES_KEYS = tuple(metadata.SCALAR_TAGS)
+_STATS_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
+
+
+def _check_args(log_dir, update_freq, batch_size, step_times):
+    if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
+        raise ValueError(
+            f"log_dir={log_dir!r} is not valid; use a directory path such as "
+            "'runs/exp1' (one run of TensorBoard's --logdir)"
+        )
+    if isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1:
+        raise ValueError(
+            f"update_freq={update_freq!r} is not valid; use a positive int, the "
+            "number of training steps between writes (e.g. 10)"
+        )
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(
+            f"batch_size={batch_size!r} is not valid; use None or a positive int, "
+            "the per-worker batch size passed to fit()"
+        )
+    if not isinstance(step_times, bool):
+        raise TypeError(f"step_times must be True or False, got {step_times!r}")
+
+
+def _to_float(value):
+    """A python float from a float, numpy value, tensor or variable; None if not a number."""
+    try:
+        if hasattr(value, "numpy"):
+            value = value.numpy()
+        value = float(np.asarray(value).reshape(()))
+    except (TypeError, ValueError):
+        return None
+    return value if summary.is_writable_number(value) else None
+
+
+def current_learning_rate(optimizer):
+    """The optimizer's learning rate now: a float, a variable, or a schedule at ``iterations``.
+
+    Example:
+
+    >>> import keras
+    >>> from keras_adapt.callbacks.adapt_tensorboard import current_learning_rate
+    >>> round(current_learning_rate(keras.optimizers.SGD(0.05)), 6)
+    0.05
+    """
+    lr = getattr(optimizer, "learning_rate", None)
+    if lr is None:
+        lr = getattr(optimizer, "lr", None)
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    if isinstance(lr, schedule) or (callable(lr) and not hasattr(lr, "numpy")):
+        lr = lr(optimizer.iterations)
+    return None if lr is None else _to_float(lr)
+
+
+class AdaptTensorBoard(keras.callbacks.Callback):
+    """Writes what adaptive training measured and decided to TensorBoard's "Adapt" tab.
+
+    Every ``update_freq`` steps (and at the end of each epoch) it writes, on
+    rank 0 only, one point of each ``adapt/*`` series (DESIGN.md section 4):
+
+    - ``gns``, ``grad_sqr``, ``grad_var``, ``grad_snr``, ``batch_size``,
+      ``lr``, ``workers``, ``throughput``: taken from the logs when a
+      callback before or after this one put them there
+      (``GradientStatsMonitor``, the policies); otherwise derived: the
+      statistics from the optimizer's ``gradient_statistics``, ``lr`` from
+      the optimizer (a schedule is evaluated at the current step),
+      ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
+      from the statistics or ``batch_size`` x workers, and ``throughput``
+      (samples/s) from its own timing of the steps.
+    - ``adapt/step_time/rank_<i>``: each worker's mean step time over the
+      interval. Every worker times its own steps (from one batch start to
+      the next, the first step of a ``fit`` excluded because it includes
+      tracing); one allgather of one number per worker every
+      ``update_freq`` steps, at the same step on every rank, brings them
+      to rank 0.
+    - every adaptation event (``keras_adapt.events.emit``) while training
+      runs, as a string tensor under ``adapt/events``.
+
+    Nothing runs per step but a clock read: no host sync and no collective
+    between writes, and the batch hook is async-safe. Place it anywhere in
+    the callback list; open TensorBoard on the parent directory of
+    ``log_dir`` (``tensorboard --logdir runs``).
+
+    Args:
+        log_dir: the run's directory (e.g. ``runs/exp1``); same on all ranks.
+        update_freq: steps between writes (positive int). Each write of
+            step times costs one small collective on every worker.
+        batch_size: per-worker batch size, used for ``batch_size`` and
+            ``throughput`` only when neither the logs nor the gradient
+            statistics give the global batch. None: those series are then
+            not written (with one warning).
+        step_times: gather and write the per-worker step times.
+
+    Example:
+
+    >>> import os, tempfile, numpy as np, keras, keras_adapt
+    >>> from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    >>> log_dir = os.path.join(tempfile.mkdtemp(), "run1")
+    >>> x, y = np.random.rand(256, 4), np.random.rand(256, 1)
+    >>> _ = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[
+    ...     GradientStatsMonitor(interval=4), AdaptTensorBoard(log_dir, update_freq=4)])
+    >>> any(f.startswith("events.out.tfevents") for f in os.listdir(log_dir))
+    True
+    """
+
+    def __init__(self, log_dir, update_freq=10, batch_size=None, step_times=True):
+        super().__init__()
+        _check_args(log_dir, update_freq, batch_size, step_times)
+        self.log_dir = os.fspath(log_dir)
+        self.update_freq = update_freq
+        self.batch_size = batch_size
+        self.step_times = step_times
+        # The batch-end hook only keeps a reference to the logs: safe to run
+        # off the training thread (Keras 3) and on tensor logs (tf.keras 2),
+        # so this callback never forces a per-step host sync.
+        self.async_safe = True
+        self._supports_tf_logs = True
+        self._lock = threading.Lock()
+        self._writer = None
+        self._pending = []
+        self._warned_batch = False
+        self._reset()
+
+    def _reset(self):
+        self._begun = 0
+        self._last_flushed = -1
+        self._last_t = None
+        self._timed_first = False
+        self._durations = []
+        self._batch_logs = None
+
+    # -- events ---------------------------------------------------------------
+
+    def _on_event(self, event):
+        with self._lock:
+            self._pending.append(event)
+
+    def _write_pending_events(self):
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for event in pending:
+            summary.event(event)
+
+    # -- Keras hooks ----------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self._reset()
+        self._rank, self._size = _hvd.rank(), _hvd.size()
+        if self._rank == 0:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+            events.add_listener(self._on_event)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Epoch boundaries (validation, other callbacks) are not step time.
+        self._last_t = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Runs on the training thread, in step order, on every rank: the
+        # one place where timing and the collective's step are deterministic.
+        now = time.perf_counter()
+        if self._last_t is not None:
+            if self._timed_first:
+                self._durations.append(now - self._last_t)
+            else:
+                self._timed_first = True  # the first step of fit() includes tracing
+        self._last_t = now
+        completed = self._begun
+        if completed > 0 and completed % self.update_freq == 0:
+            self._flush(completed, self._batch_logs)
+        self._begun += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs is not None:
+            self._batch_logs = logs
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._flush(self._begun, logs if logs is not None else self._batch_logs)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            events.remove_listener(self._on_event)
+            with self._writer.as_default():
+                self._write_pending_events()
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+    # -- writing ----------------------------------------------------------------
+
+    def _flush(self, completed, logs):
+        if completed == self._last_flushed:
+            return
+        self._last_flushed = completed
+        durations, self._durations = self._durations, []
+        mean_step = float(np.mean(durations)) if durations else float("nan")
+        gathered = None
+        if self.step_times:
+            local = tf.constant([mean_step], dtype=tf.float64)
+            gathered = np.asarray(_hvd.allgather(local, name="keras_adapt_step_times"))
+        if self._writer is None:
+            return
+        step = int(self.model.optimizer.iterations.numpy())
+        values = self._series(logs, durations)
+        with self._writer.as_default():
+            for key, value in values.items():
+                summary.scalar(key, value, step=step)
+            if gathered is not None:
+                for rank, seconds in enumerate(gathered.reshape(-1).tolist()):
+                    if summary.is_writable_number(seconds):
+                        summary.step_time(rank, seconds, step=step)
+            self._write_pending_events()
+        self._writer.flush()
+
+    def _series(self, logs, durations):
+        """The values of the shared series at this write (finite floats only)."""
+        values = {}
+        for key in SERIES_KEYS:
+            if logs is not None and key in logs:
+                v = _to_float(logs[key])
+                if v is not None:
+                    values[key] = v
+        optimizer = self.model.optimizer
+        stats = getattr(optimizer, "gradient_statistics", None)
+        result = None
+        if stats is not None and any(k not in values for k in _STATS_KEYS + ("batch_size",)):
+            result = stats.result()
+            if result["updates"] > 0:
+                for key in _STATS_KEYS:
+                    if key not in values and summary.is_writable_number(result[key]):
+                        values[key] = float(result[key])
+        if "lr" not in values:
+            lr = current_learning_rate(optimizer)
+            if lr is not None:
+                values["lr"] = lr
+        values.setdefault("workers", float(self._size))
+        if "batch_size" not in values:
+            if result is not None and result["batch_size"] > 0:
+                values["batch_size"] = float(result["batch_size"])
+            elif self.batch_size is not None:
+                values["batch_size"] = float(self.batch_size * self._size)
+            elif not self._warned_batch:
+                self._warned_batch = True
+                warnings.warn(
+                    "keras-adapt: AdaptTensorBoard does not know the global batch size, "
+                    "so adapt/batch_size and adapt/throughput are not written; use "
+                    "keras_adapt.DistributedOptimizer with GradientStatsMonitor, or "
+                    "pass AdaptTensorBoard(..., batch_size=<per-worker batch size>)",
+                    RuntimeWarning, stacklevel=3,
+                )
+        if "throughput" not in values and "batch_size" in values and durations:
+            elapsed = float(np.sum(durations))
+            if elapsed > 0:
+                values["throughput"] = values["batch_size"] * len(durations) / elapsed
+        return values

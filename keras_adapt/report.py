@@ -1,0 +1,315 @@
+"""A static report of adaptive training: the Adapt tab's charts as a PNG or HTML file.
+
+For people without TensorBoard at hand: ``keras-adapt report LOGDIR -o
+report.png`` (or ``report.html``, the picture embedded plus a table of every
+event). It reads the same data as the tab, the same way -- TensorBoard's own
+event-file multiplexer and data provider, through
+``tensorboard_plugin_adapt.reader`` -- and falls back to a run's
+``adapt_events.jsonl`` when its event files hold no events. Damaged files
+and unknown event kinds are skipped or shown as such, never fatal.
+
+Example:
+
+>>> import os, tempfile
+>>> import tensorflow as tf
+>>> from keras_adapt import report
+>>> from tensorboard_plugin_adapt import metadata, summary
+>>> logdir = tempfile.mkdtemp()
+>>> with tf.summary.create_file_writer(os.path.join(logdir, "run1")).as_default():
+...     for s in range(1, 20):
+...         _ = summary.scalar("gns", 100.0 + s, step=s)
+...     _ = summary.event(metadata.make_event("batch_size", 10, 0, "demo", "gns grew",
+...                                           {"batch_size": 32}, {"batch_size": 64}))
+>>> runs = report.load_runs(logdir)
+>>> [(r.name, len(r.series["adapt/gns"]), len(r.events)) for r in runs]
+[('run1', 19, 1)]
+>>> path = report.write_report(logdir, os.path.join(logdir, "report.png"))
+>>> report.png_size(path)
+(1400, 650)
+"""
+
+import base64
+import dataclasses
+import html
+import io
+import os
+import struct
+
+from tensorboard_plugin_adapt import metadata, reader
+
+#: Figure geometry: one block of panels per run, fixed pixel size.
+WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
+
+KIND_COLORS = {
+    "batch_size": "#1f77b4", "lr": "#ff7f0e", "resize": "#2ca02c",
+    "sync_strategy": "#9467bd", "straggler": "#d62728", "preemption": "#8c564b",
+    "checkpoint": "#17becf", "resume": "#bcbd22", "policy_error": "#e377c2",
+}
+UNKNOWN_COLOR = "#7f7f7f"
+
+
+@dataclasses.dataclass
+class RunData:
+    """One run's adapt data: ``series`` {tag: [(step, wall_time, value)]}, ``events``."""
+
+    name: str
+    series: dict
+    events: list
+    skipped: int = 0
+
+
+def _provider(logdir):
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    # Keep every point (0): the report downsamples itself, like the tab.
+    mux = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={metadata.PLUGIN_NAME: 0})
+    mux.AddRunsFromDirectory(logdir)
+    mux.Reload()
+    return data_provider.MultiplexerDataProvider(mux, logdir)
+
+
+def _jsonl_runs(logdir):
+    """Run name (as TensorBoard names it) -> path of its adapt_events.jsonl."""
+    out = {}
+    for root, _dirs, files in os.walk(logdir):
+        if metadata.EVENTS_FILENAME in files:
+            rel = os.path.relpath(root, logdir)
+            out[rel] = os.path.join(root, metadata.EVENTS_FILENAME)
+    return out
+
+
+def load_runs(logdir, runs=None, max_points=2000):
+    """Reads every run with adapt data under ``logdir`` (sorted by name).
+
+    ``runs`` (names) keeps only those runs. Series are downsampled to at
+    most ``max_points`` points each, keeping the first and last.
+
+    Example:
+
+    >>> import tempfile
+    >>> from keras_adapt import report
+    >>> report.load_runs(tempfile.mkdtemp())
+    []
+    """
+    if not os.path.isdir(logdir):
+        raise FileNotFoundError(
+            f"logdir={logdir!r} is not a directory; pass the folder given to "
+            "AdaptTensorBoard's log_dir or its parent (TensorBoard's --logdir)"
+        )
+    from keras_adapt import events as events_mod
+
+    provider = _provider(logdir)
+    ctx, eid = None, ""
+    try:
+        from tensorboard import context as tb_context
+
+        ctx = tb_context.RequestContext()
+    except ImportError:  # pragma: no cover - older TensorBoard
+        pass
+    listed = {r["run"]: r for r in reader.list_runs(provider, ctx, eid)}
+    jsonl = _jsonl_runs(logdir)
+    out = []
+    for name in sorted(set(listed) | set(jsonl)):
+        if runs is not None and name not in runs:
+            continue
+        series = reader.read_series(provider, ctx, eid, name, max_points=max_points) \
+            if name in listed else {}
+        events, skipped = ([], 0)
+        if listed.get(name, {}).get("events"):
+            events, skipped = reader.read_events(provider, ctx, eid, name)
+        if not events and name in jsonl:
+            events = [reader.annotate(e) for e in events_mod.read_events(jsonl[name])]
+            events.sort(key=lambda e: (e["step"], e["wall_time"]))
+        if series or events:
+            out.append(RunData(name, series, events, skipped))
+    return out
+
+
+def _mpl_text(text):
+    # Matplotlib reads $...$ as math; a run called "$x^$" must not break it.
+    return str(text).replace("$", r"\$")
+
+
+def _panel(ax, title, lines, events, log=False):
+    ax.set_title(title, fontsize=10)
+    drawn = False
+    for label, points, color, step in lines:
+        pts = [(s, v) for s, _, v in points if v is not None and (not log or v > 0)]
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        if step:
+            ax.step(xs, ys, where="post", color=color, label=label, linewidth=1.4)
+        else:
+            ax.plot(xs, ys, color=color, label=label, linewidth=1.2)
+        drawn = True
+    if log and drawn:
+        ax.set_yscale("log")
+    for e in events:
+        ax.axvline(e["step"], color=KIND_COLORS.get(e["kind"], UNKNOWN_COLOR),
+                   linestyle="--", linewidth=1.0, alpha=0.8)
+    if drawn and len(lines) > 1:
+        ax.legend(fontsize=8, loc="best")
+    if not drawn:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
+                color="#9e9e9e")
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(True, alpha=0.3)
+
+
+def _step_time_lines(series):
+    prefix = metadata.STEP_TIME_TAG_PREFIX
+    tags = sorted((t for t in series if t.startswith(prefix)),
+                  key=lambda t: int(t[len(prefix):]) if t[len(prefix):].isdigit() else 0)
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
+    return [(f"rank {t[len(prefix):]}", series[t], palette[i % len(palette)], False)
+            for i, t in enumerate(tags)]
+
+
+def plot_runs(runs, path_or_file, dpi=DPI):
+    """Draws the runs (one block of six panels each) into a PNG of fixed size.
+
+    The PNG is ``WIDTH_IN * dpi`` pixels wide and ``RUN_HEIGHT_IN * dpi`` high
+    per run: noise scale and global batch size (log scale), learning rate
+    and workers (step lines), throughput, per-worker step times, and the
+    event kinds' legend; a dashed vertical line marks every event.
+
+    Example:
+
+    >>> import io
+    >>> from keras_adapt.report import RunData, plot_runs, png_size
+    >>> buf = io.BytesIO()
+    >>> plot_runs([RunData("a", {"adapt/lr": [(0, 0.0, 0.1), (9, 0.0, 0.2)]}, [])], buf)
+    >>> png_size(buf.getvalue())
+    (1400, 650)
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    if not runs:
+        raise ValueError("runs is empty; there is nothing to draw")
+    fig = Figure(figsize=(WIDTH_IN, RUN_HEIGHT_IN * len(runs)), dpi=dpi)
+    subfigs = fig.subfigures(len(runs), 1, squeeze=False)[:, 0]
+    tag = metadata.SCALAR_TAGS
+    for sub, run in zip(subfigs, runs):
+        s, ev = run.series, run.events
+        sub.suptitle(_mpl_text(f"run: {run.name}   ({len(ev)} events)"), fontsize=12)
+        axes = sub.subplots(2, 3)
+        _panel(axes[0, 0], "noise scale and global batch size", [
+            ("noise scale (B_simple)", s.get(tag["gns"], []), "#6a1b9a", False),
+            ("global batch size", s.get(tag["batch_size"], []), "#00897b", True),
+        ], ev, log=True)
+        _panel(axes[0, 1], "learning rate", [("lr", s.get(tag["lr"], []), "#ef6c00", True)], ev)
+        _panel(axes[0, 2], "workers", [("workers", s.get(tag["workers"], []), "#2e7d32", True)], ev)
+        _panel(axes[1, 0], "throughput (samples/s)",
+               [("samples/s", s.get(tag["throughput"], []), "#1565c0", False)], ev)
+        _panel(axes[1, 1], "step time per worker (s)", _step_time_lines(s), ev)
+        legend_ax = axes[1, 2]
+        legend_ax.axis("off")
+        kinds = sorted({e["kind"] for e in ev})
+        if kinds:
+            handles = [Line2D([0], [0], color=KIND_COLORS.get(k, UNKNOWN_COLOR), linestyle="--",
+                              label=_mpl_text(f"{k} ({sum(e['kind'] == k for e in ev)})"))
+                       for k in kinds]
+            legend_ax.legend(handles=handles, title="events", loc="center", fontsize=9)
+        else:
+            legend_ax.text(0.5, 0.5, "no adaptation events", ha="center", va="center",
+                           color="#9e9e9e")
+        sub.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.09, hspace=0.45, wspace=0.25)
+    fig.savefig(path_or_file, format="png", dpi=dpi)
+
+
+def png_size(path_or_bytes):
+    """(width, height) in pixels, read from a PNG's header.
+
+    Example:
+
+    >>> from keras_adapt.report import png_size
+    >>> png_size(b"\\x89PNG\\r\\n\\x1a\\n" + b"\\x00\\x00\\x00\\rIHDR" + (640).to_bytes(4, "big")
+    ...          + (480).to_bytes(4, "big"))
+    (640, 480)
+    """
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        head = bytes(path_or_bytes[:24])
+    else:
+        with open(path_or_bytes, "rb") as f:
+            head = f.read(24)
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise ValueError("not a PNG file")
+    return struct.unpack(">II", head[16:24])
+
+
+def _html(runs, png_bytes, logdir):
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<title>keras-adapt report</title>",
+        "<style>body{font-family:Arial,sans-serif;margin:16px;color:#212121}"
+        "table{border-collapse:collapse;font-size:13px;margin-bottom:24px}"
+        "td,th{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}"
+        "td.mono{font-family:monospace}img{max-width:100%}</style></head><body>",
+        f"<h1>keras-adapt report</h1><p>log directory: <code>{e(logdir)}</code>; "
+        f"{len(runs)} run(s)</p>",
+        f'<img alt="adapt charts" src="data:image/png;base64,{base64.b64encode(png_bytes).decode()}">',
+    ]
+    for run in runs:
+        skipped = f", {run.skipped} unreadable record(s) skipped" if run.skipped else ""
+        parts.append(f"<h2>run: {e(run.name)}</h2><p>{len(run.events)} event(s){skipped}</p>")
+        if not run.events:
+            continue
+        parts.append('<table class="events"><thead><tr><th>step</th><th>epoch</th><th>kind</th>'
+                     "<th>policy</th><th>reason</th><th>before</th><th>after</th></tr></thead><tbody>")
+        import json
+
+        for ev in run.events:
+            kind = ev["kind"] + ("" if ev.get("known", True) else " (unknown)")
+            parts.append(
+                f'<tr class="event"><td>{ev["step"]}</td><td>{ev["epoch"]}</td><td>{e(kind)}</td>'
+                f'<td>{e(ev["policy"])}</td><td>{e(ev["reason"])}</td>'
+                f'<td class="mono">{e(json.dumps(ev["before"]))}</td>'
+                f'<td class="mono">{e(json.dumps(ev["after"]))}</td></tr>'
+            )
+        parts.append("</tbody></table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(logdir, output, runs=None, max_points=2000, dpi=DPI):
+    """Writes the report of ``logdir`` to ``output`` (``.png`` or ``.html``); returns its path.
+
+    Raises ``ValueError`` for another extension or when no run under
+    ``logdir`` has adapt data.
+
+    Example:
+
+    >>> import tempfile
+    >>> from keras_adapt import report
+    >>> report.write_report(tempfile.mkdtemp(), "out.pdf")
+    Traceback (most recent call last):
+    ...
+    ValueError: output='out.pdf' is not valid; end it in .png or .html
+    """
+    ext = os.path.splitext(str(output))[1].lower()
+    if ext not in (".png", ".html", ".htm"):
+        raise ValueError(f"output={str(output)!r} is not valid; end it in .png or .html")
+    data = load_runs(logdir, runs=runs, max_points=max_points)
+    if not data:
+        raise ValueError(
+            f"no run under {logdir!r} has adapt data; train with "
+            "keras_adapt.callbacks.AdaptTensorBoard(log_dir=...) under that folder"
+        )
+    parent = os.path.dirname(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    if ext == ".png":
+        plot_runs(data, output, dpi=dpi)
+    else:
+        buf = io.BytesIO()
+        plot_runs(data, buf, dpi=dpi)
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(_html(data, buf.getvalue(), logdir))
+    return str(output)
