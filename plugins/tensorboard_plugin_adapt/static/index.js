@@ -4,7 +4,7 @@
 // Charts are hand-written SVG: no framework, no CDN, no request other than
 // this plugin's own JSON routes. Every piece of data (run names, tags,
 // reasons, before/after values) reaches the page through textContent or
-// setAttribute, never through innerHTML, so a run named
+// setAttribute and is never parsed as HTML, so a run named
 // `<img src=x onerror=alert(1)>` shows as text.
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
