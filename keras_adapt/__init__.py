@@ -14,7 +14,7 @@ Example:
 True
 """
 
-from keras_adapt import callbacks, monitors, ops
+from keras_adapt import actuators, callbacks, data, events, monitors, ops, policies
 from keras_adapt._hvd import local_rank, rank, size
 from keras_adapt.optimizer import DistributedOptimizer
 from keras_adapt.version import __version__
@@ -22,10 +22,14 @@ from keras_adapt.version import __version__
 __all__ = [
     "DistributedOptimizer",
     "__version__",
+    "actuators",
     "callbacks",
+    "data",
+    "events",
     "local_rank",
     "monitors",
     "ops",
+    "policies",
     "rank",
     "size",
 ]

@@ -38,6 +38,52 @@ class _AdaptState:
         self.prev_sqr = None
         self.have_prev = None
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.accumulation = None  # _Accumulation, once enabled
+        self.lr_control = None  # _LRControl, once enabled
+        self.batch_size_actuator = None  # the GlobalBatchSize shared by policies
+
+
+class _Accumulation:
+    """Gradient accumulation state. ``steps`` (k) is a variable, so changing
+    it never retraces the train function; the accumulators are created on
+    the first trace."""
+
+    def __init__(self, steps):
+        with tf.init_scope():
+            self.steps = tf.Variable(steps, dtype=tf.int64, trainable=False, name="accumulation_steps")
+            self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated")
+            self.local_sqr = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="accumulated_sqr")
+        self.grads = None
+
+
+class _LRControl:
+    """Learning-rate factor on top of the user's learning rate (float or
+    schedule): ``factor`` ramps linearly from ``start`` to ``target`` over
+    ``ramp`` updates beginning at update ``begin``. With ``use_progress`` a
+    schedule is evaluated at the scale-invariant progress (AdaScale), which
+    advances by ``gain`` per update, instead of at the update count."""
+
+    def __init__(self, use_progress):
+        self.use_progress = use_progress
+        with tf.init_scope():
+            def var(value, dtype, name):
+                return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+            self.start = var(1.0, tf.float32, "lr_factor_start")
+            self.target = var(1.0, tf.float32, "lr_factor_target")
+            self.begin = var(0, tf.int64, "lr_ramp_begin")
+            self.ramp = var(0, tf.int64, "lr_ramp_steps")
+            self.gain = var(1.0, tf.float64, "progress_gain")
+            self.progress = var(0.0, tf.float64, "progress")
+
+    def factor_at(self, iterations):
+        """The factor at update ``iterations`` (works in-graph and eagerly)."""
+        it = tf.cast(iterations, tf.float32)
+        begin = tf.cast(self.begin, tf.float32)
+        ramp = tf.cast(self.ramp, tf.float32)
+        frac = tf.where(ramp > 0, tf.clip_by_value((it - begin) / tf.maximum(ramp, 1.0), 0.0, 1.0),
+                        tf.cast(it >= begin, tf.float32))
+        return self.start + (self.target - self.start) * frac
 
 
 def _check_not_xla():
@@ -80,6 +126,27 @@ class _DistributedCore:
         """Variable counting optimizer steps skipped for a non-finite averaged gradient."""
         return self._keras_adapt.skipped
 
+    def _ka_schedule_step(self):
+        """The step a learning-rate schedule is evaluated at: the update count,
+        or AdaScale's scale-invariant progress when that is enabled."""
+        control = self._keras_adapt.lr_control
+        if control is not None and control.use_progress:
+            return tf.cast(control.progress, tf.float32)
+        return self.iterations
+
+    def _ka_scaled(self, lr):
+        """``lr`` times the current factor of the learning-rate actuator."""
+        control = self._keras_adapt.lr_control
+        if control is None:
+            return lr
+        lr = tf.convert_to_tensor(lr)
+        return lr * tf.cast(control.factor_at(self.iterations), lr.dtype)
+
+    def _ka_after_update(self):
+        control = self._keras_adapt.lr_control
+        if control is not None:
+            control.progress.assign_add(control.gain)
+
     def _ka_single_worker_total(self, grads, local_sqr):
         """One worker: mean squared norm and squared norm of the mean over
         this step's and the previous step's gradient (M = 2)."""
@@ -111,10 +178,61 @@ class _DistributedCore:
 
     def _ka_distributed_apply(self, grads, variables, apply_fn):
         """Averages ``grads`` across workers, updates the statistics, then
-        calls ``apply_fn(averaged_grads)`` (possibly skipped if non-finite)."""
+        calls ``apply_fn(averaged_grads)`` (possibly skipped if non-finite).
+        With accumulation enabled, only every k-th call reaches the workers."""
         _check_not_xla()
-        state = self._keras_adapt
         grads = [_dense(g) for g in grads]
+        if self._keras_adapt.accumulation is not None:
+            return self._ka_accumulate(grads, apply_fn)
+        return self._ka_reduce_and_apply(grads, apply_fn)
+
+    def _ka_accumulate(self, grads, apply_fn):
+        """Adds this micro-step's gradient to the accumulators; every k-th
+        micro-step averages them over micro-steps and workers and applies.
+
+        All ranks count alike and read the same k, so all take the same
+        branch and the collective inside it matches up."""
+        state = self._keras_adapt
+        acc = state.accumulation
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if acc.grads is None:
+            with tf.init_scope():
+                acc.grads = [
+                    tf.Variable(tf.zeros(grads[i].shape, grads[i].dtype), trainable=False,
+                                name="accumulated_grad")
+                    for i in present
+                ]
+        local = [grads[i] for i in present]
+        for a, g in zip(acc.grads, local):
+            a.assign_add(g)
+        if state.stats is not None and local:
+            _, sqr = ops.squared_norms(local)
+            acc.local_sqr.assign_add(sqr)
+        count = acc.count.assign_add(1)
+
+        def update():
+            n = tf.cast(count, tf.float32)
+            mean = list(grads)
+            for i, a in zip(present, acc.grads):
+                mean[i] = a / tf.cast(n, a.dtype)
+            applied = self._ka_reduce_and_apply(
+                mean, apply_fn, local_sqr=acc.local_sqr / n, micro_steps=count)
+            with tf.control_dependencies([applied]):
+                for a in acc.grads:
+                    a.assign(tf.zeros_like(a))
+                acc.local_sqr.assign(0.0)
+                acc.count.assign(0)
+            return tf.constant(True)
+
+        # Compare with >=: a k lowered mid-accumulation applies at once.
+        return tf.cond(count >= acc.steps, update, lambda: tf.constant(False))
+
+    def _ka_reduce_and_apply(self, grads, apply_fn, local_sqr=None, micro_steps=None):
+        """One collective for the gradients (and the monitoring scalar), the
+        statistics, then the (skippable) update. ``local_sqr`` and
+        ``micro_steps`` describe accumulated gradients: the mean over the
+        micro-steps of their squared norms, and their number."""
+        state = self._keras_adapt
         present = [i for i, g in enumerate(grads) if g is not None]
         local = [grads[i] for i in present]
         num_workers = _hvd.size()
@@ -125,34 +243,65 @@ class _DistributedCore:
                 out[i] = r
             return out
 
-        if state.stats is None or not local:
-            return apply_fn(with_averaged(_hvd.grouped_allreduce_average(local)))
+        def apply(averaged):
+            out = apply_fn(averaged)
+            self._ka_after_update()
+            return out
 
-        _, local_sqr = ops.squared_norms(local)
+        if state.stats is None or not local:
+            apply(with_averaged(_hvd.grouped_allreduce_average(local)))
+            return tf.constant(True)
+
+        own_sqr = None
+        if local_sqr is None:
+            _, own_sqr = ops.squared_norms(local)
+            local_sqr = own_sqr
         reduced = _hvd.grouped_allreduce_average(local + [local_sqr])
         mean_local_sqr, reduced = reduced[-1], reduced[:-1]
-        if num_workers >= 2:
+        deps = []
+        if micro_steps is None and num_workers >= 2:
             _, total_sqr = ops.squared_norms(reduced)
-            used = state.stats.update(mean_local_sqr, total_sqr, num_gradients=num_workers)
-            deps = [used]
-        else:
+            deps.append(state.stats.update(mean_local_sqr, total_sqr, num_gradients=num_workers))
+        elif micro_steps is None:
             pair_local, pair_total, valid, stored = self._ka_single_worker_total(reduced, local_sqr)
-            used = state.stats.update(
+            deps.append(state.stats.update(
                 pair_local, pair_total, num_gradients=2, valid=valid, batches_per_step=1
-            )
-            deps = [used, stored]
+            ))
+            deps.append(stored)
+        else:
+            # N workers x k micro-steps = N*k micro-gradients of b samples each.
+            _, total_sqr = ops.squared_norms(reduced)
+            m = tf.cast(num_workers, tf.int64) * micro_steps
+            if num_workers >= 2:
+                deps.append(state.stats.update(mean_local_sqr, total_sqr, num_gradients=m))
+            else:
+                # One worker and k = 1 gives a single gradient: fall back to
+                # differencing consecutive updates (biased, as without
+                # accumulation); k >= 2 gives the unbiased M = k estimate.
+                pair_local, pair_total, valid, stored = self._ka_single_worker_total(
+                    reduced, local_sqr)
+                several = m >= 2
+                deps.append(state.stats.update(
+                    tf.where(several, mean_local_sqr, pair_local),
+                    tf.where(several, total_sqr, pair_total),
+                    num_gradients=tf.where(several, m, tf.constant(2, tf.int64)),
+                    valid=several | valid,
+                    batches_per_step=tf.where(several, m, tf.constant(1, tf.int64)),
+                ))
+                deps.append(stored)
 
         averaged = with_averaged(reduced)
         if not state.skip_nonfinite:
             with tf.control_dependencies(deps):
-                return apply_fn(averaged)
+                apply(averaged)
+                return tf.constant(True)
 
         # The allreduced mean of |g_i|^2 is identical on every rank, so every
         # rank takes the same branch.
         finite = tf.math.is_finite(mean_local_sqr)
 
         def apply_branch():
-            apply_fn(averaged)
+            apply(averaged)
             return tf.constant(True)
 
         def skip_branch():
@@ -163,8 +312,23 @@ class _DistributedCore:
             return tf.cond(finite, apply_branch, skip_branch)
 
 
+def _is_schedule(lr):
+    return callable(lr) and hasattr(lr, "get_config") and not isinstance(lr, tf.Variable)
+
+
 class _Keras3Binding(_DistributedCore):
     """Keras 3: ``fit`` -> ``apply_gradients`` -> ``apply``; LossScaleOptimizer -> ``apply``."""
+
+    def _get_current_learning_rate(self):
+        state = getattr(self, "_keras_adapt", None)
+        control = None if state is None else state.lr_control
+        if control is None:
+            return super()._get_current_learning_rate()
+        if control.use_progress and _is_schedule(self._learning_rate):
+            lr = self._learning_rate(self._ka_schedule_step())
+        else:
+            lr = super()._get_current_learning_rate()
+        return self._ka_scaled(lr)
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -187,6 +351,21 @@ class _Keras3Binding(_DistributedCore):
 class _Keras2Binding(_DistributedCore):
     """tf.keras 2: ``minimize`` -> ``apply_gradients``."""
 
+    def _decayed_lr(self, var_dtype):
+        # Legacy OptimizerV2 reads its learning rate through this method only.
+        control = self._keras_adapt.lr_control
+        if control is None:
+            return super()._decayed_lr(var_dtype)
+        lr = self._get_hyper("learning_rate", var_dtype)
+        if control.use_progress and _is_schedule(lr):
+            lr = tf.cast(lr(self._ka_schedule_step()), var_dtype)
+            if self._initial_decay > 0.0:
+                step = tf.cast(self.iterations, var_dtype)
+                lr = lr / (1.0 + tf.cast(self._initial_decay, var_dtype) * step)
+        else:
+            lr = super()._decayed_lr(var_dtype)
+        return tf.cast(self._ka_scaled(lr), var_dtype)
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
@@ -202,6 +381,59 @@ class _Keras2Binding(_DistributedCore):
             grads, variables, lambda g: parent(list(zip(g, variables)), *args, **kwargs)
         )
         return self.iterations
+
+
+class _Keras2LearningRate:
+    """tf.keras 2 (non-legacy) optimizers read ``self.learning_rate`` in
+    ``update_step``; the factor of the learning-rate actuator applies there."""
+
+    @property
+    def learning_rate(self):
+        lr = super().learning_rate
+        state = getattr(self, "_keras_adapt", None)
+        if state is None or state.lr_control is None:
+            return lr
+        return self._ka_scaled(lr)
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        super(_Keras2LearningRate, type(self)).learning_rate.fset(self, value)
+
+    def _compute_current_learning_rate(self):
+        state = getattr(self, "_keras_adapt", None)
+        control = None if state is None else state.lr_control
+        if control is None or not control.use_progress or not _is_schedule(self._learning_rate):
+            return super()._compute_current_learning_rate()
+        self._current_learning_rate.assign(
+            tf.cast(self._learning_rate(self._ka_schedule_step()), self._current_learning_rate.dtype))
+
+
+def enable_accumulation(optimizer, steps=1):
+    """Turns on in-graph gradient accumulation; returns its state (idempotent).
+
+    Used by :class:`keras_adapt.actuators.GradientAccumulation`; the model's
+    train function must be traced (again) afterwards.
+    """
+    state = optimizer._keras_adapt
+    if state.accumulation is None:
+        state.accumulation = _Accumulation(steps)
+    return state.accumulation
+
+
+def enable_lr_control(optimizer, use_progress=False):
+    """Turns on the learning-rate factor (and optionally AdaScale progress).
+
+    Used by :class:`keras_adapt.actuators.LearningRateScale`; the model's
+    train function must be traced (again) afterwards. Returns the state.
+    """
+    state = optimizer._keras_adapt
+    if state.lr_control is None:
+        state.lr_control = _LRControl(use_progress)
+        # Progress starts where the update count is, so a schedule does not jump.
+        state.lr_control.progress.assign(float(optimizer.iterations.numpy()))
+    elif use_progress and not state.lr_control.use_progress:
+        state.lr_control.use_progress = True
+    return state.lr_control
 
 
 def _validate(optimizer, gradient_stats, skip_nonfinite):
@@ -281,10 +513,15 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     _hvd.ensure_initialized()
 
     base = type(optimizer)
-    binding = _Keras3Binding if _keras.IS_KERAS3 else _Keras2Binding
+    if _keras.IS_KERAS3:
+        bindings = (_Keras3Binding,)
+    elif hasattr(base, "_create_all_weights"):  # tf.keras 2 legacy OptimizerV2
+        bindings = (_Keras2Binding,)
+    else:
+        bindings = (_Keras2LearningRate, _Keras2Binding)
     # Same name and module as the wrapped class: a saved model then records a
     # plain optimizer, which loads anywhere (re-wrap it for distributed use).
-    cls = type(base.__name__, (binding, base), {"__module__": base.__module__})
+    cls = type(base.__name__, (*bindings, base), {"__module__": base.__module__})
     cls.__qualname__ = base.__qualname__
     distributed = cls.from_config(optimizer.get_config())
     distributed._keras_adapt = _AdaptState(stats, skip_nonfinite)

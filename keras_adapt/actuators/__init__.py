@@ -1,0 +1,19 @@
+"""Actuators: the small, reusable knobs that policies turn.
+
+A policy decides; an actuator changes one thing in the running job, the
+same way on every rank:
+
+* :class:`GradientAccumulation` -- k micro-steps per optimizer update (a
+  ``tf.Variable``, so changing it never retraces);
+* :class:`LearningRateScale` -- a factor on top of the user's learning rate
+  or schedule, with an optional warm-up ramp and AdaScale progress;
+* :class:`GlobalBatchSize` -- the global batch ``workers x micro-batch x k``,
+  using the two above and, when given, an
+  :class:`keras_adapt.data.AdaptiveBatchDataset` for the micro-batch.
+"""
+
+from keras_adapt.actuators.batch_size import GlobalBatchSize
+from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
+from keras_adapt.actuators.learning_rate import LearningRateScale
+
+__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale"]

@@ -1,0 +1,119 @@
+"""LearningRateScale: a factor on top of the user's learning rate, with warm-up."""
+
+import math
+
+import numpy as np
+
+from keras_adapt import optimizer as _optimizer
+from keras_adapt.actuators._common import distributed_optimizer, retrace
+
+
+def _check_factor(factor):
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.floating)) or not (
+        math.isfinite(float(factor)) and float(factor) > 0.0
+    ):
+        raise ValueError(f"factor={factor!r} is not valid; use a finite float > 0")
+    return float(factor)
+
+
+class LearningRateScale:
+    """Multiplies the learning rate the user configured by a factor.
+
+    The user's learning rate keeps working as configured: a float, a
+    variable, or a ``LearningRateSchedule`` (evaluated at the update count,
+    or at AdaScale's scale-invariant progress with ``use_progress=True``).
+    The effective rate is ``base_lr(step) x factor``; a change of factor can
+    ramp linearly over ``warmup_steps`` updates (Goyal et al. 2017), computed
+    in the graph from the update count, so no callback runs per step.
+
+    Args:
+        model: a model compiled with ``keras_adapt.DistributedOptimizer``.
+        use_progress: evaluate a schedule at the progress variable, which
+            advances by :attr:`gain` per update (AdaScale), instead of at
+            ``optimizer.iterations``.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.actuators import LearningRateScale
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    >>> lr = LearningRateScale(model)
+    >>> lr.set(2.0)
+    >>> round(lr.factor, 6), round(lr.current_lr(), 6)
+    (2.0, 0.2)
+    """
+
+    def __init__(self, model, use_progress=False):
+        if not isinstance(use_progress, bool):
+            raise TypeError(f"use_progress must be True or False, got {use_progress!r}")
+        self._optimizer = distributed_optimizer(model, "LearningRateScale")
+        was = self._optimizer._keras_adapt.lr_control
+        was_progress = was is not None and was.use_progress
+        self._state = _optimizer.enable_lr_control(self._optimizer, use_progress)
+        if was is None or (use_progress and not was_progress):
+            retrace(model)
+
+    def _iterations(self):
+        return int(self._optimizer.iterations.numpy())
+
+    @property
+    def factor(self):
+        """The factor in effect at the current update."""
+        return float(self._state.factor_at(self._iterations()).numpy())
+
+    @property
+    def target(self):
+        """The factor the current ramp ends at."""
+        return float(self._state.target.numpy())
+
+    def set(self, factor, warmup_steps=0):
+        """Moves the factor to ``factor``, linearly over ``warmup_steps`` updates."""
+        factor = _check_factor(factor)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, np.integer)) \
+                or warmup_steps < 0:
+            raise ValueError(f"warmup_steps={warmup_steps!r} is not valid; use an int >= 0")
+        now = self._iterations()
+        self._state.start.assign(self.factor)
+        self._state.target.assign(factor)
+        self._state.begin.assign(now)
+        self._state.ramp.assign(int(warmup_steps))
+
+    @property
+    def gain(self):
+        """Progress added per update (AdaScale's r; 1 otherwise)."""
+        return float(self._state.gain.numpy())
+
+    @gain.setter
+    def gain(self, value):
+        self._state.gain.assign(_check_factor(value))
+
+    @property
+    def progress(self):
+        """Scale-invariant progress: the sum of the gains of all updates."""
+        return float(self._state.progress.numpy())
+
+    @progress.setter
+    def progress(self, value):
+        self._state.progress.assign(float(value))
+
+    def base_lr(self):
+        """The user's learning rate at the current step, without the factor."""
+        state = self._optimizer._keras_adapt
+        control, state.lr_control = state.lr_control, None
+        try:
+            lr = self._optimizer.learning_rate
+            if callable(lr) and not hasattr(lr, "numpy"):
+                lr = lr(self._optimizer.iterations)
+            return float(np.asarray(lr))
+        finally:
+            state.lr_control = control
+
+    def current_lr(self):
+        """The effective learning rate now: ``base_lr() x factor`` (or the
+        schedule at the progress, times the factor)."""
+        if self._state.use_progress:
+            lr = self._optimizer._learning_rate
+            if callable(lr) and hasattr(lr, "get_config") and not hasattr(lr, "assign"):
+                return float(np.asarray(lr(self.progress))) * self.factor
+        return self.base_lr() * self.factor

@@ -1,0 +1,33 @@
+"""Adaptation policies: Keras callbacks that read measurements and change the job.
+
+measure (monitors) -> decide (policies) -> act (actuators) -> record (events).
+"""
+
+from keras_adapt.policies.base import AdaptationPolicy
+from keras_adapt.policies.batch_size_policy import BatchSizePolicy
+from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
+from keras_adapt.policies.goodput_batch_size import GoodputBatchSizePolicy, statistical_efficiency
+from keras_adapt.policies.lr_scaling import LRScalingPolicy
+from keras_adapt.policies.scaling_rules import (
+    AdaScale,
+    LinearScaling,
+    NoScaling,
+    ScalingRule,
+    SqrtScaling,
+)
+from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
+
+__all__ = [
+    "AdaScale",
+    "AdaptationPolicy",
+    "BatchSizePolicy",
+    "GNSBatchSizePolicy",
+    "GoodputBatchSizePolicy",
+    "LRScalingPolicy",
+    "LinearScaling",
+    "NoScaling",
+    "ScalingRule",
+    "ScheduledBatchSizePolicy",
+    "SqrtScaling",
+    "statistical_efficiency",
+]

@@ -1,0 +1,227 @@
+"""AdaptationPolicy: the base class of every policy (a Keras callback)."""
+
+import json
+import os
+
+import keras
+
+from keras_adapt import _hvd, _train_step, events
+from keras_adapt.optimizer import is_distributed
+
+_STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates")
+
+
+def _check_positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is not valid; use an int >= {minimum}")
+    return value
+
+
+class AdaptationPolicy(keras.callbacks.Callback):
+    """Base class of the policies: read measurements, decide, act, record.
+
+    A policy is a Keras callback with three hooks to override:
+
+    * :meth:`on_adapt_begin` -- once when training begins;
+    * :meth:`adapt` -- every ``interval`` optimizer updates (only at update
+      boundaries, never in the middle of an accumulation);
+    * :meth:`on_epoch_adapt` -- at the end of every epoch.
+
+    Each receives ``values``: the Keras logs merged with the in-graph
+    gradient statistics (``gns``, ``grad_sqr``, ``grad_var``, ``grad_snr``,
+    ``updates``). The statistics derive from allreduced values, so they are
+    identical on every rank; a policy that decides only from them (and from
+    step and epoch counts) makes the same decision at the same step on every
+    rank. Per-rank quantities such as the loss or host timings must be
+    agreed first (see :func:`keras_adapt._hvd.host_allreduce_mean`).
+
+    A policy acts only through actuators (:mod:`keras_adapt.actuators`) and
+    reports each decision with :meth:`record`, which writes an adaptation
+    event to ``<log_dir>/adapt_events.jsonl`` (rank 0) and to listeners such
+    as the TensorBoard callback.
+
+    Args:
+        interval: optimizer updates between calls of :meth:`adapt`.
+        log_dir: directory of the event log; None keeps events in memory
+            (:attr:`events`) and listeners only.
+        verbose: 1 prints each decision on rank 0.
+
+    Example (a policy in a few lines: halve the learning rate when the
+    gradient SNR drops below 0.1):
+
+    >>> import keras_adapt
+    >>> from keras_adapt.actuators import LearningRateScale
+    >>> from keras_adapt.policies import AdaptationPolicy
+    >>> class HalveOnLowSNR(AdaptationPolicy):
+    ...     def on_attach(self, model):
+    ...         self.lr = LearningRateScale(model)
+    ...     def adapt(self, step, values):
+    ...         if values.get("grad_snr", 1.0) < 0.1:
+    ...             before = self.lr.factor
+    ...             self.lr.set(before / 2)
+    ...             self.record("lr", "snr < 0.1", {"lr_factor": before},
+    ...                         {"lr_factor": before / 2})
+    >>> policy = HalveOnLowSNR(interval=20)
+    """
+
+    def __init__(self, interval=10, log_dir=None, verbose=0):
+        super().__init__()
+        self.interval = _check_positive_int("interval", interval)
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        if verbose not in (0, 1, 2, True, False):
+            raise ValueError(f"verbose={verbose!r} is not valid; use 0 or 1")
+        self.verbose = int(verbose)
+        #: Every event this policy recorded, in order (on every rank).
+        self.events = []
+        self.epoch = 0
+        self._last_adapt = 0
+        self._pending_state = None
+
+    # -- wiring ------------------------------------------------------------
+    def set_model(self, model):
+        super().set_model(model)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None or not is_distributed(optimizer):
+            raise ValueError(
+                f"{type(self).__name__} needs a model compiled with "
+                "keras_adapt.DistributedOptimizer(...); got optimizer "
+                f"{type(optimizer).__name__ if optimizer is not None else None}."
+            )
+        stats = optimizer.gradient_statistics
+        if stats is not None and stats.fixed_batch_size is None:
+            # The estimators need the micro-batch size of every step.
+            _train_step.record_batch_size(model, stats)
+        self.on_attach(model)
+
+    @property
+    def optimizer(self):
+        return self.model.optimizer
+
+    @property
+    def step(self):
+        """Optimizer updates so far (``optimizer.iterations``)."""
+        return int(self.model.optimizer.iterations.numpy())
+
+    def measurements(self):
+        """The gradient statistics now (a dict; empty without statistics)."""
+        stats = self.model.optimizer.gradient_statistics
+        if stats is None:
+            return {}
+        result = stats.result()
+        return {k: result[k] for k in _STAT_KEYS}
+
+    def _values(self, logs):
+        values = dict(logs or {})
+        values.update(self.measurements())
+        return values
+
+    def _at_update_boundary(self):
+        acc = self.model.optimizer._keras_adapt.accumulation
+        return acc is None or int(acc.count.numpy()) == 0
+
+    # -- Keras hooks -------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._last_adapt = self.step
+        if self._pending_state is not None:
+            state, self._pending_state = self._pending_state, None
+            self.restore(state)
+            self.record("resume", "state restored from a checkpoint", {}, state)
+        self.on_adapt_begin(self._values(logs))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.step
+        if step - self._last_adapt >= self.interval and self._at_update_boundary():
+            self._last_adapt = step
+            self.adapt(step, self._values(logs))
+        if logs is not None:
+            logs.update(self.log_values())
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.on_epoch_adapt(epoch, self._values(logs))
+        if logs is not None:
+            logs.update(self.log_values())
+
+    # -- to override -------------------------------------------------------
+    def on_attach(self, model):
+        """Called when Keras hands the policy its model: create actuators here."""
+
+    def on_adapt_begin(self, values):
+        """Called once when training begins."""
+
+    def adapt(self, step, values):
+        """Called every ``interval`` updates with the current ``values``."""
+
+    def on_epoch_adapt(self, epoch, values):
+        """Called at the end of every epoch."""
+
+    def log_values(self):
+        """Extra logs keys this policy writes (e.g. ``batch_size``, ``lr``)."""
+        return {}
+
+    # -- events --------------------------------------------------------------
+    def record(self, kind, reason, before, after):
+        """Records one decision as an adaptation event and returns it.
+
+        The step is the current optimizer update, at which the change takes
+        effect on every rank.
+        """
+        event = events.emit(kind, step=self.step, epoch=self.epoch, policy=type(self).__name__,
+                            reason=reason, before=before, after=after, log_dir=self.log_dir)
+        self.events.append(event)
+        if self.verbose and _hvd.rank() == 0:
+            print(f"[keras-adapt] step {event['step']} epoch {event['epoch']}: {kind} "
+                  f"{before} -> {after} ({reason})", flush=True)
+        return event
+
+    # -- state ---------------------------------------------------------------
+    def get_state(self):
+        """What a resumed run needs to continue as this one would (JSON-able)."""
+        return {"last_adapt": self._last_adapt}
+
+    def restore(self, state):
+        """Applies a state from :meth:`get_state` (called at train begin)."""
+        self._last_adapt = int(state.get("last_adapt", self._last_adapt))
+
+    def set_state(self, state):
+        """Restores ``state`` when training (re)starts; records a ``resume`` event."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from get_state(), got {type(state).__name__}")
+        self._pending_state = dict(state)
+
+    def save_state(self, path):
+        """Writes :meth:`get_state` to ``path`` as JSON (rank 0 only).
+
+        Example:
+
+        >>> import os, tempfile
+        >>> from keras_adapt.policies import AdaptationPolicy
+        >>> p = AdaptationPolicy()
+        >>> path = os.path.join(tempfile.mkdtemp(), "policy.json")
+        >>> p.save_state(path); p.load_state(path)
+        """
+        if _hvd.rank() != 0:
+            return
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.get_state(), f)
+        os.replace(tmp, path)  # never a half-written state file
+
+    def load_state(self, path):
+        """Reads a state written by :meth:`save_state`; applied at train begin."""
+        with open(path) as f:
+            self.set_state(json.load(f))
+
+    # -- config --------------------------------------------------------------
+    def get_config(self):
+        """Constructor arguments (JSON-able), for :meth:`from_config`."""
+        return {"interval": self.interval, "log_dir": self.log_dir, "verbose": self.verbose}
+
+    @classmethod
+    def from_config(cls, config):
+        """A new policy from :meth:`get_config` output."""
+        return cls(**config)

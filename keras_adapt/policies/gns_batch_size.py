@@ -1,0 +1,118 @@
+"""GNSBatchSizePolicy: the global batch follows the measured gradient noise scale."""
+
+import math
+
+from keras_adapt.policies.base import _check_positive_int
+from keras_adapt.policies.batch_size_policy import BatchSizePolicy
+
+
+def _check_nonneg_float(name, value, positive=False):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name}={value!r} is not valid; use a finite float "
+                         f"{'> 0' if positive else '>= 0'}")
+    return float(value)
+
+
+class GNSBatchSizePolicy(BatchSizePolicy):
+    """Moves the global batch toward a multiple of the gradient noise scale.
+
+    The noise scale B_simple = tr(Sigma) / |G|^2 is the critical batch: below
+    it, a larger batch buys almost proportionally fewer steps; above it,
+    little (McCandlish et al. 2018). It grows as training progresses, so a
+    batch that follows it stays efficient throughout: small while the
+    gradient is clean, large once noise dominates (the policy the KungFu
+    paper proposes).
+
+    Every ``interval`` updates the target ``gns_multiple x B_simple`` is
+    clipped to ``[min_batch, max_batch]``. The batch changes only when
+
+    * at least ``warmup_updates`` measurements entered the statistics,
+    * at least ``min_change_interval`` updates passed since the last change,
+    * the target leaves the hysteresis band: it is >= ``(1 + hysteresis) x``
+      the current batch (or, with ``allow_decrease``, <= current /
+      ``(1 + hysteresis)``).
+
+    A noise scale that is not finite (nothing resolved yet) changes nothing.
+
+    Args:
+        min_batch, max_batch: bounds of the global batch.
+        gns_multiple: target = gns_multiple x B_simple (> 0).
+        hysteresis: relative dead band around the current batch (>= 0).
+        min_change_interval: updates between two changes (>= 0).
+        warmup_updates: measurements needed before the first decision.
+        allow_decrease: also shrink the batch when the noise scale falls.
+        **kwargs: see :class:`BatchSizePolicy` (``dataset``,
+            ``micro_batch_size``, ``max_micro_batch_size``, ``scaling_rule``,
+            ``base_batch``, ``interval``, ``log_dir``, ``verbose``).
+
+    Example:
+
+    >>> import numpy as np, keras, keras_adapt
+    >>> from keras_adapt.policies import GNSBatchSizePolicy
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05)), "mse")
+    >>> policy = GNSBatchSizePolicy(min_batch=8, max_batch=64, micro_batch_size=8,
+    ...                             warmup_updates=5, scaling_rule="sqrt", interval=5)
+    >>> x = np.random.default_rng(0).normal(size=(512, 4))
+    >>> _ = model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0, callbacks=[policy])
+    >>> 8 <= policy.batch.value <= 64
+    True
+    """
+
+    def __init__(self, min_batch, max_batch, gns_multiple=1.0, hysteresis=0.25,
+                 min_change_interval=100, warmup_updates=50, allow_decrease=False, **kwargs):
+        super().__init__(min_batch, max_batch, **kwargs)
+        self.gns_multiple = _check_nonneg_float("gns_multiple", gns_multiple, positive=True)
+        self.hysteresis = _check_nonneg_float("hysteresis", hysteresis)
+        self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
+        self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
+        if not isinstance(allow_decrease, bool):
+            raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
+        self.allow_decrease = allow_decrease
+
+    def on_attach(self, model):
+        if model.optimizer.gradient_statistics is None:
+            raise ValueError(
+                "GNSBatchSizePolicy reads the gradient noise scale, but the optimizer "
+                "was created with gradient_stats=False; use "
+                "keras_adapt.DistributedOptimizer(opt, gradient_stats=True)"
+            )
+        super().on_attach(model)
+
+    def target_for(self, gns):
+        """The clipped target global batch for noise scale ``gns``."""
+        return min(max(self.gns_multiple * gns, self.min_batch), self.max_batch)
+
+    def should_change(self, step, gns, updates, current):
+        """The decision rule: the target batch, or None to keep ``current``."""
+        if gns is None or not math.isfinite(gns) or updates < self.warmup_updates:
+            return None
+        if self._last_change is not None and step - self._last_change < self.min_change_interval:
+            return None
+        target = self.target_for(gns)
+        band = 1.0 + self.hysteresis
+        if target >= current * band and current < self.max_batch:
+            return target
+        if self.allow_decrease and target * band <= current and current > self.min_batch:
+            return target
+        return None
+
+    def decide(self, step, values):
+        current = self.batch.value
+        gns = values.get("gns")
+        target = self.should_change(step, gns, values.get("updates", 0), current)
+        if target is not None:
+            self.change_batch(
+                target,
+                f"gns {gns:.1f} x {self.gns_multiple:g} -> target {target:.0f} "
+                f"(batch {current}, band x{1 + self.hysteresis:g})",
+                values,
+            )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(gns_multiple=self.gns_multiple, hysteresis=self.hysteresis,
+                      min_change_interval=self.min_change_interval,
+                      warmup_updates=self.warmup_updates, allow_decrease=self.allow_decrease)
+        return config
