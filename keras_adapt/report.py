@@ -100,13 +100,7 @@ def load_runs(logdir, runs=None, max_points=2000):
     from keras_adapt import events as events_mod
 
     provider = _provider(logdir)
-    ctx, eid = None, ""
-    try:
-        from tensorboard import context as tb_context
-
-        ctx = tb_context.RequestContext()
-    except ImportError:  # pragma: no cover - older TensorBoard
-        pass
+    ctx, eid = None, ""  # a local reader: no request context, one experiment
     listed = {r["run"]: r for r in reader.list_runs(provider, ctx, eid)}
     jsonl = _jsonl_runs(logdir)
     out = []

@@ -75,12 +75,14 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     Every ``update_freq`` steps (and at the end of each epoch) it writes, on
     rank 0 only, one point of each ``adapt/*`` series (DESIGN.md section 4):
 
-    - ``gns``, ``grad_sqr``, ``grad_var``, ``grad_snr``, ``batch_size``,
-      ``lr``, ``workers``, ``throughput``: taken from the logs when a
-      callback before or after this one put them there
-      (``GradientStatsMonitor``, the policies); otherwise derived: the
-      statistics from the optimizer's ``gradient_statistics``, ``lr`` from
-      the optimizer (a schedule is evaluated at the current step),
+    - ``gns``, ``grad_sqr``, ``grad_var``, ``grad_snr``: read from the
+      optimizer's ``gradient_statistics`` (the values
+      ``GradientStatsMonitor`` copies into the logs, read fresh, so the
+      order of the callbacks does not matter), else from the logs.
+    - ``batch_size``, ``lr``, ``workers``, ``throughput``: taken from the
+      logs when a callback put them there (the policies); otherwise
+      derived: ``lr`` from the optimizer (a schedule is evaluated at the
+      current step),
       ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
       from the statistics or ``batch_size`` x workers, and ``throughput``
       (samples/s) from its own timing of the steps.
@@ -234,20 +236,25 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     def _series(self, logs, durations):
         """The values of the shared series at this write (finite floats only)."""
         values = {}
-        for key in SERIES_KEYS:
-            if logs is not None and key in logs:
-                v = _to_float(logs[key])
-                if v is not None:
-                    values[key] = v
         optimizer = self.model.optimizer
         stats = getattr(optimizer, "gradient_statistics", None)
-        result = None
-        if stats is not None and any(k not in values for k in _STATS_KEYS + ("batch_size",)):
-            result = stats.result()
-            if result["updates"] > 0:
-                for key in _STATS_KEYS:
-                    if key not in values and summary.is_writable_number(result[key]):
-                        values[key] = float(result[key])
+        result = stats.result() if stats is not None else None
+        fresh = result is not None and result["updates"] > 0
+        if fresh:
+            # The same numbers GradientStatsMonitor copies into the logs, read
+            # now: at an epoch end the logs may still hold the monitor's
+            # previous read when it runs after this callback.
+            for key in _STATS_KEYS:
+                if summary.is_writable_number(result[key]):
+                    values[key] = float(result[key])
+        for key in SERIES_KEYS:
+            if key in values or logs is None or key not in logs:
+                continue
+            if fresh and key in _STATS_KEYS:
+                continue  # a non-finite estimate is not replaced by a stale one
+            v = _to_float(logs[key])
+            if v is not None:
+                values[key] = v
         if "lr" not in values:
             lr = current_learning_rate(optimizer)
             if lr is not None:

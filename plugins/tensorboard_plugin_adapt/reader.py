@@ -1,7 +1,7 @@
 """Reading "adapt" data through a TensorBoard data provider.
 
 The plugin's HTTP routes and ``keras-adapt report`` both read through these
-functions, so the tab and the static report show the same numbers. They
+functions (``ctx`` may be None outside a request), so the tab and the static report show the same numbers. They
 take any ``tensorboard.data.provider.DataProvider`` (TensorBoard's own
 ``MultiplexerDataProvider`` in practice) and never fail on damaged data: a
 run whose data cannot be read yields empty results, never an exception that
@@ -26,6 +26,15 @@ logger = logging.getLogger(__name__)
 #: Ask the data provider for every stored point; downsampling happens here,
 #: where it can keep the first and last points and each bucket's extremes.
 _READ_ALL = 10_000_000
+
+
+def _context(ctx):
+    """``ctx``, or an empty request context (what a local, offline reader has)."""
+    if ctx is not None:
+        return ctx
+    from tensorboard import context as tb_context
+
+    return tb_context.RequestContext()
 
 
 def _finite_or_none(value):
@@ -97,6 +106,7 @@ def list_runs(provider, ctx, experiment_id):
     """
     if provider is None:
         return []
+    ctx = _context(ctx)
     runs = {}
     try:
         scalars = provider.list_scalars(ctx, experiment_id=experiment_id,
@@ -134,6 +144,7 @@ def read_series(provider, ctx, experiment_id, run, tags=None, max_points=None):
         return {}
     from tensorboard.data import provider as tb_provider
 
+    ctx = _context(ctx)
     try:
         data = provider.read_scalars(
             ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME,
@@ -178,6 +189,7 @@ def read_events(provider, ctx, experiment_id, run):
         return [], 0
     from tensorboard.data import provider as tb_provider
 
+    ctx = _context(ctx)
     try:
         data = provider.read_tensors(
             ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME,

@@ -1,0 +1,169 @@
+"""AdaptTensorBoard in real ``model.fit`` runs, read back through TensorBoard's own reader."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import keras
+import keras_adapt
+from keras_adapt import events
+from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
+from tensorboard_plugin_adapt import metadata, reader
+
+from conftest import horovodrun, load_rank_results
+
+T = metadata.SCALAR_TAGS
+
+
+def read_run(log_dir):
+    """(series, events) of the run in ``log_dir`` as the plugin reads them."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"adapt": 0})
+    mux.AddRun(log_dir, name="run")
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, log_dir)
+    series = reader.read_series(provider, None, "", "run")
+    evs, skipped = reader.read_events(provider, None, "", "run")
+    assert skipped == 0
+    return series, evs
+
+
+def values(series, tag):
+    return {s: v for s, _, v in series[tag]}
+
+
+def small_data(n=320, dim=4, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, dim)).astype("float32")
+    return x, (x @ np.arange(1, dim + 1, dtype="float32")).reshape(-1, 1)
+
+
+class EmitEvents(keras.callbacks.Callback):
+    """Emits one event per epoch end, like a policy; records what emit returned."""
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir, self.emitted = log_dir, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        self.emitted.append(events.emit(
+            ("batch_size", "resize")[epoch % 2], step=step, epoch=epoch, policy="TestPolicy",
+            reason=f"<b>epoch {epoch}</b>", before={"n": epoch}, after={"n": epoch + 1},
+            log_dir=self.log_dir))
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+@pytest.mark.parametrize("order", ["monitor_first", "adapt_first"])
+def test_writes_series_step_times_and_events(tmp_path, order):
+    log_dir = str(tmp_path / "run")
+    x, y = small_data()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    adapt, monitor, emitter = AdaptTensorBoard(log_dir, update_freq=4), GradientStatsMonitor(4), EmitEvents(log_dir)
+    callbacks = [monitor, adapt] if order == "monitor_first" else [adapt, monitor]
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False,
+                        callbacks=callbacks + [emitter])
+    series, evs = read_run(log_dir)
+
+    assert set(series) == set(T.values()) | {metadata.step_time_tag(0)}
+    # Every update_freq steps and at each epoch end (10 steps per epoch).
+    assert sorted(values(series, T["gns"])) == [4, 8, 10, 12, 16, 20]
+    gns = values(series, T["gns"])
+    assert gns[10] == pytest.approx(history.history["gns"][0], rel=1e-6)
+    assert gns[20] == pytest.approx(history.history["gns"][1], rel=1e-6)
+    assert values(series, T["grad_snr"])[20] == pytest.approx(history.history["grad_snr"][1], rel=1e-6)
+    assert list(values(series, T["lr"]).values()) == pytest.approx([0.01] * 6)
+    assert set(values(series, T["workers"]).values()) == {1.0}
+    assert set(values(series, T["batch_size"]).values()) == {32.0}
+    # Throughput is the global batch over the same measured step times.
+    step_time = values(series, metadata.step_time_tag(0))
+    for step, throughput in values(series, T["throughput"]).items():
+        assert throughput > 0 and step_time[step] > 0
+        assert throughput * step_time[step] == pytest.approx(32.0, rel=1e-5)
+
+    assert [{k: e[k] for k in metadata.EVENT_FIELDS} for e in evs] == emitter.emitted
+    assert [e["step"] for e in evs] == [10, 20]
+    assert adapt._on_event not in events._listeners  # removed at train end
+    # The JSONL file written by emit() on rank 0 holds the same records.
+    assert events.read_events(log_dir) == emitter.emitted
+
+
+def test_lr_schedule_and_given_batch_size_without_statistics(tmp_path):
+    log_dir = str(tmp_path / "run")
+    x, y = small_data(n=160)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.5)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(schedule), "mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[AdaptTensorBoard(log_dir, update_freq=5, batch_size=16, step_times=False)])
+    series, evs = read_run(log_dir)
+    assert T["gns"] not in series and not evs
+    assert not any(t.startswith(metadata.STEP_TIME_TAG_PREFIX) for t in series)
+    assert set(values(series, T["batch_size"]).values()) == {16.0}
+    lr = values(series, T["lr"])
+    assert sorted(lr) == [5, 10]
+    for step, value in lr.items():
+        # The schedule at the step being written (tf.keras 2 keeps the rate of
+        # the last applied step, one step earlier).
+        candidates = [float(schedule(step)), float(schedule(step - 1))]
+        assert any(value == pytest.approx(c, rel=1e-5) for c in candidates), (step, value, candidates)
+
+
+def test_unknown_batch_size_warns_and_skips_those_series(tmp_path):
+    log_dir = str(tmp_path / "run")
+    x, y = small_data(n=64)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    with pytest.warns(RuntimeWarning, match="batch_size=<per-worker batch size>"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                  callbacks=[AdaptTensorBoard(log_dir, update_freq=2)])
+    series, _ = read_run(log_dir)
+    assert T["batch_size"] not in series and T["throughput"] not in series
+    assert {T["lr"], T["workers"]} <= set(series)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"log_dir": ""}, "log_dir=''"),
+    ({"log_dir": None}, "log_dir=None"),
+    ({"log_dir": "r", "update_freq": 0}, "update_freq=0"),
+    ({"log_dir": "r", "update_freq": 2.5}, "update_freq=2.5"),
+    ({"log_dir": "r", "update_freq": True}, "update_freq=True"),
+    ({"log_dir": "r", "batch_size": -4}, "batch_size=-4"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AdaptTensorBoard(**kwargs)
+    with pytest.raises(TypeError, match="step_times"):
+        AdaptTensorBoard("r", step_times="yes")
+
+
+def test_two_workers_shared_series_from_rank0_step_times_from_both(tmp_path):
+    log_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    horovodrun("adapt_tensorboard_worker.py", ["--out", out, "--log_dir", log_dir], np=2)
+    results = load_rank_results(str(out), 2)
+    assert [r["size"] for r in results] == [2, 2]
+
+    files = [f for f in os.listdir(log_dir) if "tfevents" in f]
+    assert len(files) == 1, f"only rank 0 may write event files, found {files}"
+    series, evs = read_run(str(log_dir))
+    steps = results[0]["steps"]  # 24 batches of 16 per rank and epoch, 2 epochs
+    assert steps == 48
+    expected_steps = [6, 12, 18, 24, 30, 36, 42, 48]
+    for rank in (0, 1):
+        st = values(series, metadata.step_time_tag(rank))
+        assert sorted(st) == expected_steps and all(v > 0 for v in st.values())
+    assert metadata.step_time_tag(2) not in series
+    assert set(values(series, T["workers"]).values()) == {2.0}
+    assert set(values(series, T["batch_size"]).values()) == {32.0}  # 2 x 16
+    gns = values(series, T["gns"])
+    assert gns[24] == pytest.approx(results[0]["gns"][0], rel=1e-6)
+    assert results[0]["gns"] == results[1]["gns"]
+    # Each rank emitted the same two events; they are recorded once.
+    assert [(e["kind"], e["step"], e["rank"]) for e in evs] == [("batch_size", 24, 0), ("lr", 48, 0)]
+    with open(log_dir / metadata.EVENTS_FILENAME) as f:
+        assert [json.loads(line)["step"] for line in f] == [24, 48]

@@ -1,0 +1,54 @@
+"""Run under horovodrun by tests/test_adapt_tensorboard.py.
+
+Every rank trains the same small model with AdaptTensorBoard on one shared
+log directory and emits the same two adaptation events (as policies do:
+every rank decides alike). Only rank 0 may write the shared series and the
+events; the step times of every rank must reach rank 0's file.
+Writes <out>/rank<r>.json with what each rank saw.
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+import keras
+import keras_adapt
+from keras_adapt import events
+from keras_adapt.callbacks import (
+    AdaptTensorBoard,
+    BroadcastGlobalVariablesCallback,
+    GradientStatsMonitor,
+)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--log_dir", required=True)
+args = parser.parse_args()
+rank, size = keras_adapt.rank(), keras_adapt.size()
+
+
+class EmitAtEpochEnd(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        events.emit("batch_size" if epoch == 0 else "lr", step=step, epoch=epoch,
+                    policy="TestPolicy", reason=f"epoch {epoch} ended",
+                    before={"epoch": epoch}, after={"epoch": epoch + 1}, log_dir=args.log_dir)
+
+
+keras.utils.set_random_seed(1 + rank)
+x = np.random.rand(16 * 24, 8).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="tanh"),
+                          keras.layers.Dense(1)])
+model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False, callbacks=[
+    BroadcastGlobalVariablesCallback(0),
+    GradientStatsMonitor(interval=4),
+    AdaptTensorBoard(args.log_dir, update_freq=6),
+    EmitAtEpochEnd(),
+])
+with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "size": size, "gns": history.history["gns"],
+               "steps": int(model.optimizer.iterations.numpy())}, f)
