@@ -107,7 +107,7 @@ class GlobalBatchSize:
         if self.dataset is not None:
             cap = min(self.max_micro_batch_size, self.dataset.shard_size)
             k = max(1, math.ceil(per_worker / cap - 1e-9))
-            b = min(cap, max(1, round(per_worker / k)))
+            b = min(cap, max(1, math.floor(per_worker / k + 0.5)))
             return b, k
         b = self.micro_batch_size
         if b is None:
@@ -115,7 +115,7 @@ class GlobalBatchSize:
                 "GlobalBatchSize does not know the micro-batch size yet; pass "
                 "micro_batch_size= (the batch_size given to fit) or an AdaptiveBatchDataset"
             )
-        return b, max(1, round(per_worker / b))
+        return b, max(1, math.floor(per_worker / b + 0.5))  # ties round up
 
     def set(self, global_batch):
         """Moves to the achievable global batch nearest ``global_batch``; returns it."""

@@ -29,9 +29,10 @@ class GNSBatchSizePolicy(BatchSizePolicy):
 
     * at least ``warmup_updates`` measurements entered the statistics,
     * at least ``min_change_interval`` updates passed since the last change,
-    * the target leaves the hysteresis band: it is >= ``(1 + hysteresis) x``
-      the current batch (or, with ``allow_decrease``, <= current /
-      ``(1 + hysteresis)``).
+    * the unclipped target leaves the hysteresis band: it is >=
+      ``(1 + hysteresis) x`` the current batch (or, with ``allow_decrease``,
+      <= current / ``(1 + hysteresis)``); the batch then moves to the
+      clipped target.
 
     A noise scale that is not finite (nothing resolved yet) changes nothing.
 
@@ -90,12 +91,14 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             return None
         if self._last_change is not None and step - self._last_change < self.min_change_interval:
             return None
-        target = self.target_for(gns)
+        # The band is tested on the unclipped target, so a target beyond a
+        # bound still moves the batch all the way to that bound.
+        raw = self.gns_multiple * gns
         band = 1.0 + self.hysteresis
-        if target >= current * band and current < self.max_batch:
-            return target
-        if self.allow_decrease and target * band <= current and current > self.min_batch:
-            return target
+        if raw >= current * band and current < self.max_batch:
+            return self.target_for(gns)
+        if self.allow_decrease and raw * band <= current and current > self.min_batch:
+            return self.target_for(gns)
         return None
 
     def decide(self, step, values):

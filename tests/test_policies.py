@@ -1,0 +1,261 @@
+"""Policies in one process: scripted GNS decisions, goodput choice, schedule,
+LR following, events on disk, config and state round trips, bad arguments."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import keras
+import keras_adapt
+from keras_adapt import events
+from keras_adapt.policies import (
+    AdaptationPolicy,
+    GNSBatchSizePolicy,
+    GoodputBatchSizePolicy,
+    LRScalingPolicy,
+    ScheduledBatchSizePolicy,
+    statistical_efficiency,
+)
+
+
+def _model(lr=0.1):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(lr)), "mse")
+    return model
+
+
+def _script_gns(model, gns, updates=1000):
+    """Sets the in-graph statistics so that result() reports exactly ``gns``."""
+    stats = model.optimizer.gradient_statistics
+    correction = 1.0 - stats.ema_decay ** updates
+    stats.updates.assign(updates)
+    stats.ema_grad_sqr.assign(1.0 * correction)
+    stats.ema_grad_var.assign(gns * correction)
+
+
+def _drive(policy, model, script):
+    """Runs the policy's hooks over ``[(update, gns), ...]`` as fit would."""
+    policy.set_model(model)
+    policy.on_train_begin()
+    for step, gns in script:
+        model.optimizer.iterations.assign(step)
+        _script_gns(model, gns)
+        policy.on_train_batch_end(step, {})
+    return [(e["step"], e["before"]["batch_size"], e["after"]["batch_size"])
+            for e in policy.events if e["kind"] == "batch_size"]
+
+
+def test_gns_policy_scripted_decisions_bounds_hysteresis_interval():
+    model = _model()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
+                                hysteresis=0.5, min_change_interval=30, warmup_updates=0,
+                                interval=10)
+    script = [
+        (10, 20.0 * n),    # target 20n < 1.5 x 16n: inside the band, no change
+        (20, 40.0 * n),    # 40n >= 24n: grow to 40n -> 48n (k = 3, the nearest)
+        (30, 200.0 * n),   # only 10 updates since the change (< 30): wait
+        (40, 200.0 * n),   # still 20 < 30
+        (50, 200.0 * n),   # 30 since change: grow to 200n -> 208n (k = 13)
+        (60, 5000.0 * n),  # 10 updates since the change: wait
+        (80, 5000.0 * n),  # capped at max_batch 256n
+        (90, 1.0),         # falls, but allow_decrease is False
+        (120, float("inf")),  # unresolved noise scale: ignored
+    ]
+    decisions = _drive(policy, model, script)
+    assert decisions == [(20, 16 * n, 48 * n), (50, 48 * n, 208 * n), (80, 208 * n, 256 * n)]
+    assert policy.batch.accumulation.steps == 16
+
+
+def test_gns_policy_decreases_only_when_allowed_and_not_below_min():
+    model = _model()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
+                                hysteresis=0.25, min_change_interval=0, warmup_updates=0,
+                                allow_decrease=True, interval=10)
+    decisions = _drive(policy, model, [(10, 128.0 * n), (20, 110.0 * n), (30, 60.0 * n),
+                                       (40, 1.0)])
+    assert decisions == [(10, 16 * n, 128 * n), (30, 128 * n, 64 * n), (40, 64 * n, 16 * n)]
+
+
+def test_gns_policy_waits_for_warmup_measurements():
+    model = _model()
+    policy = GNSBatchSizePolicy(min_batch=16, max_batch=1024, micro_batch_size=16,
+                                warmup_updates=2000, min_change_interval=0, interval=10)
+    assert _drive(policy, model, [(10, 500.0), (20, 500.0)]) == []
+
+
+def test_gns_policy_moves_lr_with_the_rule_and_writes_events(tmp_path):
+    model = _model(lr=0.1)
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
+                                scaling_rule="sqrt", warmup_updates=0, min_change_interval=0,
+                                interval=10, log_dir=str(tmp_path))
+    _drive(policy, model, [(10, 64.0 * n)])
+    kinds = [e["kind"] for e in policy.events]
+    assert kinds == ["batch_size", "lr"]
+    lr_event = policy.events[1]
+    assert lr_event["after"]["lr_factor"] == pytest.approx(2.0)  # sqrt(64n / 16n)
+    assert lr_event["after"]["lr"] == pytest.approx(0.2, rel=1e-6)
+    with open(tmp_path / "adapt_events.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert [e["kind"] for e in lines] == kinds
+    for e in lines:
+        assert list(e) == list(events.EVENT_FIELDS)
+        assert e["policy"] == "GNSBatchSizePolicy" and e["step"] == 10 and e["rank"] == 0
+    assert lines[0]["before"]["batch_size"] == 16 * n and lines[0]["after"]["batch_size"] == 64 * n
+
+
+def test_gns_policy_in_a_real_fit_grows_the_batch_through_accumulation():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4096, 4)).astype("float32")
+    y = (x.sum(1) + rng.standard_normal(4096)).astype("float32")  # noisy: large gns
+    model = _model(lr=0.01)
+    policy = GNSBatchSizePolicy(min_batch=8, max_batch=128, micro_batch_size=8,
+                                warmup_updates=10, min_change_interval=10, interval=10)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[policy])
+    grown = [e for e in policy.events if e["kind"] == "batch_size"]
+    assert grown and grown[-1]["after"]["batch_size"] > 8
+    assert history.history["batch_size"][-1] == policy.batch.value
+    # every change happened at an update boundary, at increasing steps
+    steps = [e["step"] for e in grown]
+    assert steps == sorted(steps)
+
+
+def test_goodput_policy_prefers_large_batches_when_noise_dominates():
+    n = keras_adapt.size()
+    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1024, micro_batch_size=32)
+    times = {32: 0.010, 64: 0.011}  # alpha = 9 ms, beta = 31.25 us per sample
+    alpha, beta = policy.throughput_model(times)
+    assert alpha == pytest.approx(0.009) and beta == pytest.approx(0.001 / 32)
+
+    def goodput(b, gns):
+        return b / (alpha + beta * b) * (gns + 32) / (gns + b)
+
+    for gns in (10.0, 300.0, 1e5):
+        expected = max(policy.candidates(), key=lambda b: goodput(b, gns))
+        assert policy.best_batch(times, gns) == expected
+    assert policy.best_batch(times, 1e5) == 1024 and policy.best_batch(times, 1.0) == 32
+    assert statistical_efficiency(32, 32, 50.0) == 1.0
+    assert n >= 1
+
+
+def test_scheduled_policy_changes_at_epoch_begin():
+    x = np.ones((64, 4), "float32")
+    model = _model()
+    n = keras_adapt.size()
+    policy = ScheduledBatchSizePolicy({1: 16 * n, 2: 32 * n}, micro_batch_size=8)
+    model.fit(x, x[:, :1], batch_size=8, epochs=3, verbose=0, callbacks=[policy])
+    changes = [(e["epoch"], e["after"]["batch_size"]) for e in policy.events]
+    assert changes == [(1, 16 * n), (2, 32 * n)]
+    assert policy.batch.accumulation.steps == 4
+
+
+def test_lr_scaling_policy_follows_batch_events_at_the_same_step():
+    model = _model(lr=0.1)
+    n = keras_adapt.size()
+    gns_policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
+                                    warmup_updates=0, min_change_interval=0, interval=10)
+    lr_policy = LRScalingPolicy("linear", base_batch=16 * n, micro_batch_size=16, interval=10)
+    lr_policy.set_model(model)
+    lr_policy.on_train_begin()
+    _drive(gns_policy, model, [(10, 64.0 * n)])
+    lr_policy.on_train_end()
+    (lr_event,) = [e for e in lr_policy.events if e["kind"] == "lr"]
+    assert lr_event["step"] == 10
+    assert lr_policy.lr.factor == pytest.approx(4.0)
+    assert lr_policy.lr.current_lr() == pytest.approx(0.4, rel=1e-6)
+
+
+def test_config_round_trip():
+    policies = [
+        GNSBatchSizePolicy(32, 512, gns_multiple=2.0, hysteresis=0.1, scaling_rule="adascale",
+                           micro_batch_size=32, interval=5),
+        GoodputBatchSizePolicy(32, 512, hysteresis=0.2, micro_batch_size=32),
+        ScheduledBatchSizePolicy({3: 128, 6: 512}, micro_batch_size=32),
+        LRScalingPolicy("sqrt", base_batch=64),
+    ]
+    for p in policies:
+        config = json.loads(json.dumps(p.get_config()))
+        clone = type(p).from_config(config)
+        assert clone.get_config() == p.get_config()
+
+
+def test_state_round_trip_resumes_batch_lr_and_progress(tmp_path):
+    model = _model(lr=0.1)
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
+                                scaling_rule="adascale", warmup_updates=0,
+                                min_change_interval=0, interval=10)
+    _drive(policy, model, [(10, 128.0 * n), (20, 128.0 * n)])
+    policy.lr_follower.lr.progress = 123.5
+    path = os.path.join(tmp_path, "policy.json")
+    policy.save_state(path)
+    saved = policy.get_state()
+
+    fresh_model = _model(lr=0.1)
+    resumed = GNSBatchSizePolicy.from_config(policy.get_config())
+    resumed.load_state(path)
+    resumed.set_model(fresh_model)
+    resumed.on_train_begin()
+    assert resumed.batch.value == saved["batch_size"] == 128 * n
+    assert resumed.batch.accumulation.steps == 8
+    assert resumed.lr_follower.lr.factor == pytest.approx(saved["lr_factor"])
+    assert resumed.lr_follower.lr.progress == pytest.approx(123.5)
+    assert resumed.events[0]["kind"] == "resume"
+
+
+class _Recorder(AdaptationPolicy):
+    def on_attach(self, model):
+        self.calls = []
+
+    def adapt(self, step, values):
+        self.calls.append((step, sorted(k for k in values if k in ("gns", "updates"))))
+
+
+def test_base_policy_calls_adapt_every_interval_updates_with_statistics():
+    x = np.ones((160, 4), "float32")
+    model = _model()
+    policy = _Recorder(interval=3)
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[policy])
+    assert [s for s, _ in policy.calls] == [3, 6, 9, 12, 15, 18]
+    assert policy.calls[0][1] == ["gns", "updates"]
+
+
+@pytest.mark.parametrize("make, err, match", [
+    (lambda: GNSBatchSizePolicy(512, 32), ValueError, "min_batch=512 is larger than max_batch=32"),
+    (lambda: GNSBatchSizePolicy(0, 32), ValueError, "min_batch=0"),
+    (lambda: GNSBatchSizePolicy(32, -4), ValueError, "max_batch=-4"),
+    (lambda: GNSBatchSizePolicy(32, 64, gns_multiple=0), ValueError, "gns_multiple=0"),
+    (lambda: GNSBatchSizePolicy(32, 64, hysteresis=-0.1), ValueError, "hysteresis=-0.1"),
+    (lambda: GNSBatchSizePolicy(32, 64, scaling_rule="cubic"), ValueError, "unknown scaling rule"),
+    (lambda: GNSBatchSizePolicy(32, 64, interval=0), ValueError, "interval=0"),
+    (lambda: GNSBatchSizePolicy(32, 64, allow_decrease="yes"), TypeError, "allow_decrease"),
+    (lambda: GoodputBatchSizePolicy(64, 32), ValueError, "larger than max_batch"),
+    (lambda: GoodputBatchSizePolicy(32, 64, measure_updates=0), ValueError, "measure_updates=0"),
+    (lambda: ScheduledBatchSizePolicy({}), ValueError, "non-empty dict"),
+    (lambda: ScheduledBatchSizePolicy({2: 0}), ValueError, r"schedule\[2\]=0"),
+    (lambda: LRScalingPolicy("warp"), ValueError, "unknown scaling rule 'warp'"),
+    (lambda: LRScalingPolicy(base_workers=0), ValueError, "base_workers=0"),
+])
+def test_bad_arguments_fail_at_construction(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
+
+
+def test_policy_needs_the_distributed_optimizer_before_training():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    with pytest.raises(ValueError, match="DistributedOptimizer"):
+        model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0,
+                  callbacks=[GNSBatchSizePolicy(8, 64, micro_batch_size=8)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1), gradient_stats=False),
+                  "mse")
+    with pytest.raises(ValueError, match="gradient_stats=False"):
+        model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0,
+                  callbacks=[GNSBatchSizePolicy(8, 64, micro_batch_size=8)])
+    assert not math.isnan(1.0)
