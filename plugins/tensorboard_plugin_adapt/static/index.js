@@ -33,7 +33,7 @@ const STYLE = `
   .adapt-bar h2 { margin: 0 8px 0 0; font-size: 18px; font-weight: 500; }
   .adapt-status { color: #616161; font-size: 13px; }
   .adapt-legend { display: flex; gap: 10px; flex-wrap: wrap; margin: 8px 0; font-size: 12px; }
-  .adapt-legend span.swatch, td span.swatch { display: inline-block; width: 10px; height: 10px;
+  span.swatch { display: inline-block; width: 10px; height: 10px;
     margin-right: 4px; border-radius: 2px; vertical-align: middle; }
   .adapt-charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr));
     gap: 12px; }
@@ -154,16 +154,26 @@ function drawChart(card, spec) {
     let lo = Math.min(...ys), hi = Math.max(...ys);
     const tf = spec.logY ? Math.log10 : (v) => v;
     let tlo = tf(lo), thi = tf(hi);
-    if (thi - tlo < 1e-12) { tlo -= spec.logY ? 0.5 : Math.abs(tlo) * 0.1 + 1; thi += spec.logY ? 0.5 : Math.abs(thi) * 0.1 + 1; }
+    if (thi - tlo < 1e-12) {
+      // A constant series (a fixed lr, one worker): centre it in a band
+      // proportional to its value.
+      const half = spec.logY ? 0.5 : (Math.abs(tlo) > 0 ? Math.abs(tlo) * 0.5 : 1);
+      tlo -= half;
+      thi += half;
+    }
     const pad = (thi - tlo) * 0.06;
     tlo -= pad; thi += pad;
     if (!spec.logY && lo >= 0 && tlo < 0) tlo = 0;
     const sy = (v) => T + (1 - (tf(v) - tlo) / (thi - tlo)) * (H - T - B);
 
     // grid and axes
-    const yTicks = spec.logY
+    let yTicks = spec.logY
       ? niceTicks(Math.ceil(tlo), Math.floor(thi), 5).filter((t) => Number.isInteger(t)).map((t) => Math.pow(10, t))
       : niceTicks(tlo, thi, 4);
+    if (spec.logY && yTicks.length < 2) {
+      // Less than a decade: label plain values instead of powers of ten.
+      yTicks = niceTicks(Math.pow(10, tlo), Math.pow(10, thi), 4).filter((t) => t > 0);
+    }
     for (const t of yTicks) {
       const y = sy(t);
       if (y < T - 1 || y > H - B + 1) continue;
@@ -255,6 +265,7 @@ function seriesOf(data, key, name, color, step = false) {
 }
 
 async function showRun(run, ui) {
+  hideTooltip();  // its marker is about to be replaced, with no mouseleave
   ui.status.textContent = 'loading…';
   ui.errors.textContent = '';
   let data, ev;

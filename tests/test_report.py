@@ -1,0 +1,95 @@
+"""``keras-adapt report``: PNG of the expected size, HTML with the (escaped) events."""
+
+import html
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from keras_adapt import cli, report
+from tensorboard_plugin_adapt import metadata, summary
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def _write_run(path, n_events, reason="gns grew", steps=50):
+    with tf.summary.create_file_writer(path).as_default():
+        for s in range(steps):
+            summary.scalar("gns", 50.0 + s, step=s)
+            summary.scalar("batch_size", 32.0 if s < 25 else 64.0, step=s)
+            summary.scalar("lr", 0.1 if s < 25 else 0.2, step=s)
+            summary.scalar("workers", 2.0, step=s)
+            summary.scalar("throughput", 900.0 + s, step=s)
+            summary.step_time(0, 0.02, step=s)
+            summary.step_time(1, 0.021, step=s)
+        for i in range(n_events):
+            summary.event(metadata.make_event(
+                metadata.EVENT_KINDS[i % len(metadata.EVENT_KINDS)], 5 + 10 * i, 0, "TestPolicy",
+                reason, {"batch_size": 32}, {"batch_size": 64, "note": HOSTILE}))
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report_logs")
+    _write_run(str(root / "baseline"), n_events=2)
+    _write_run(str(root / HOSTILE), n_events=3, reason=HOSTILE)
+    # A run with only the JSONL log (e.g. TensorBoard output switched off),
+    # with one damaged line.
+    jsonl_dir = root / "jsonl_only"
+    jsonl_dir.mkdir()
+    with open(jsonl_dir / metadata.EVENTS_FILENAME, "w") as f:
+        f.write(metadata.event_to_json(metadata.make_event(
+            "resize", 7, 0, "P", "scale up", {"workers": 1}, {"workers": 2})) + "\n")
+        f.write('{"step": 9, "kind": "checkp')  # truncated by a crash
+    # Garbage next to the runs must not stop the report.
+    (root / "broken").mkdir()
+    (root / "broken" / "events.out.tfevents.0.x").write_bytes(b"\x00garbage" * 10)
+    return str(root)
+
+
+def test_png_has_the_expected_size(logdir, tmp_path):
+    out = str(tmp_path / "report.png")
+    assert cli.main(["report", logdir, "-o", out]) == 0
+    runs = report.load_runs(logdir)
+    assert [r.name for r in runs] == sorted(["baseline", HOSTILE, "jsonl_only"])
+    width, height = report.png_size(out)
+    assert (width, height) == (int(report.WIDTH_IN * report.DPI),
+                               int(report.RUN_HEIGHT_IN * report.DPI) * 3)
+    assert os.path.getsize(out) > 20_000  # charts, not a blank page
+
+
+def test_html_contains_every_event_escaped(logdir, tmp_path):
+    out = str(tmp_path / "report.html")
+    assert cli.main(["report", logdir, "-o", out]) == 0
+    with open(out, encoding="utf-8") as f:
+        page = f.read()
+    assert page.count('<tr class="event">') == 2 + 3 + 1
+    assert HOSTILE not in page  # never as markup
+    assert html.escape(HOSTILE) in page  # but as text: run name, reason, values
+    assert f"run: {html.escape(HOSTILE)}" in page
+    assert "data:image/png;base64," in page
+    assert "scale up" in page  # from adapt_events.jsonl
+
+
+def test_one_run_only_and_python_dash_m(logdir, tmp_path):
+    out = str(tmp_path / "one.png")
+    proc = subprocess.run(
+        [sys.executable, "-m", "keras_adapt", "report", logdir, "-o", out, "--run", "baseline"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tensorboard --logdir" in proc.stdout
+    assert report.png_size(out) == (1400, 650)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["report", "{logdir}", "-o", "{tmp}/r.pdf"], "end it in .png or .html"),
+    (["report", "{tmp}/missing", "-o", "{tmp}/r.png"], "is not a directory"),
+    (["report", "{tmp}", "-o", "{tmp}/r.png"], "has adapt data"),
+    (["report", "{logdir}", "-o", "{tmp}/r.png", "--max-points", "1"], "--max-points=1"),
+])
+def test_bad_input_is_explained(logdir, tmp_path, capsys, args, message):
+    args = [a.format(logdir=logdir, tmp=tmp_path) for a in args]
+    assert cli.main(args) == 2
+    assert message in capsys.readouterr().err
