@@ -13,6 +13,8 @@ Example:
 import argparse
 import sys
 
+__all__ = ["main"]
+
 
 def _parser():
     parser = argparse.ArgumentParser(

@@ -37,6 +37,8 @@ import struct
 
 from tensorboard_plugin_adapt import metadata, reader
 
+__all__ = ["RunData", "load_runs", "plot_runs", "png_size", "write_report"]
+
 #: Figure geometry: one block of panels per run, fixed pixel size.
 WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
 
@@ -50,7 +52,14 @@ UNKNOWN_COLOR = "#7f7f7f"
 
 @dataclasses.dataclass
 class RunData:
-    """One run's adapt data: ``series`` {tag: [(step, wall_time, value)]}, ``events``."""
+    """One run's adapt data: ``series`` {tag: [(step, wall_time, value)]}, ``events``.
+
+    Example:
+
+    >>> from keras_adapt.report import RunData
+    >>> RunData("run1", {"adapt/lr": [(0, 0.0, 0.1)]}, []).name
+    'run1'
+    """
 
     name: str
     series: dict

@@ -8,11 +8,15 @@ import pkgutil
 import pytest
 
 import keras_adapt
+import tensorboard_plugin_adapt
 
 # The compiled op libraries sit in the package too; they are not Python modules.
 MODULES = sorted(
     name for _, name, _ in pkgutil.walk_packages(keras_adapt.__path__, "keras_adapt.")
     if not name.rsplit(".", 1)[-1].startswith("_keras_adapt_ops")
+) + ["tensorboard_plugin_adapt"] + sorted(
+    name for _, name, _ in pkgutil.walk_packages(tensorboard_plugin_adapt.__path__,
+                                                 "tensorboard_plugin_adapt.")
 )
 
 

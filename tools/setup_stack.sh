@@ -43,6 +43,19 @@ if ! command -v mpicc >/dev/null 2>&1; then
   fi
 fi
 
+# Debian's chromium for the end-to-end test of the TensorBoard tab
+# (tests/test_browser.py drives it with playwright). Installed when we are
+# root and it is missing; otherwise that test skips and says why.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing chromium from Debian (browser test of the TensorBoard tab)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+      || log "chromium could not be installed; tests/test_browser.py will skip"
+  else
+    log "/usr/bin/chromium not found and not root: tests/test_browser.py will skip"
+  fi
+fi
+
 if ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
   command -v cmake >/dev/null 2>&1 || "$py" -m pip install -q cmake
   with_mpi=0 mpi_flag=HOROVOD_WITHOUT_MPI=1

@@ -28,6 +28,11 @@ import math
 import numbers
 import time
 
+__all__ = [
+    "create_summary_metadata", "event_to_json", "make_event", "parse_event_line",
+    "step_time_tag",
+]
+
 PLUGIN_NAME = "adapt"
 #: Version of the plugin-data content; bump it when the record format changes.
 PROTO_VERSION = 0
@@ -60,7 +65,14 @@ _FIELD_TYPES = {
 
 
 def step_time_tag(rank):
-    """Tag of one worker's step-time series, e.g. ``adapt/step_time/rank_0``."""
+    """Tag of one worker's step-time series, e.g. ``adapt/step_time/rank_0``.
+
+    Example:
+
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> metadata.step_time_tag(3)
+    'adapt/step_time/rank_3'
+    """
     return f"{STEP_TIME_TAG_PREFIX}{int(rank)}"
 
 
@@ -106,6 +118,16 @@ def make_event(kind, step, epoch, policy, reason, before, after, rank=0, wall_ti
     ``kind`` must be one of :data:`EVENT_KINDS`; a ``ValueError`` names any
     bad field. ``before``/``after`` are made JSON-safe (numpy numbers become
     python numbers, non-finite floats strings).
+
+    Example:
+
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> metadata.make_event("resize", 10, 0, "p", "r", {"workers": 1}, {"workers": 2})["after"]
+    {'workers': 2}
+    >>> metadata.make_event("teleport", 10, 0, "p", "r", {}, {})
+    Traceback (most recent call last):
+    ...
+    ValueError: adaptation event kind='teleport' is unknown; use one of ...
     """
     if kind not in EVENT_KINDS:
         raise ValueError(
@@ -125,7 +147,15 @@ def make_event(kind, step, epoch, policy, reason, before, after, rank=0, wall_ti
 
 
 def event_to_json(event):
-    """One line of JSON (no newline) for ``event``, keys in schema order."""
+    """One line of JSON (no newline) for ``event``, keys in schema order.
+
+    Example:
+
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> e = metadata.make_event("lr", 1, 0, "p", "r", {}, {}, wall_time=2.0)
+    >>> metadata.event_to_json(e)[:30]
+    '{"step": 1, "epoch": 0, "wall_'
+    """
     return json.dumps({k: event[k] for k in EVENT_FIELDS}, allow_nan=False)
 
 
@@ -136,6 +166,14 @@ def parse_event_line(line):
     object, or lacks ``step`` or ``kind``, gives None. Missing optional
     fields get defaults. Unknown kinds are kept as they are (a newer writer
     may know more kinds); readers show them as such.
+
+    Example:
+
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> metadata.parse_event_line('{"step": 3, "kind": "teleport"}')["kind"]
+    'teleport'
+    >>> metadata.parse_event_line('{"step": 3, "ki') is None
+    True
     """
     if isinstance(line, bytes):
         line = line.decode("utf-8", errors="replace")
@@ -168,6 +206,13 @@ def create_summary_metadata(data_class="scalar", description=""):
 
     ``data_class`` is ``"scalar"`` for the ``adapt/*`` series and
     ``"tensor"`` for the event records.
+
+    Example:
+
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> md = metadata.create_summary_metadata("scalar")
+    >>> md.plugin_data.plugin_name, md.data_class
+    ('adapt', 1)
     """
     from tensorboard.compat.proto import summary_pb2
 

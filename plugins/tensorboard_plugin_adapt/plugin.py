@@ -36,6 +36,8 @@ from tensorboard.plugins import base_plugin
 
 from tensorboard_plugin_adapt import metadata, reader
 
+__all__ = ["AdaptLoader", "AdaptPlugin"]
+
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 DEFAULT_MAX_POINTS = 1000
 MAX_MAX_POINTS = 20000

@@ -21,6 +21,8 @@ import math
 
 from tensorboard_plugin_adapt import metadata
 
+__all__ = ["annotate", "downsample", "list_runs", "read_events", "read_series"]
+
 logger = logging.getLogger(__name__)
 
 #: Ask the data provider for every stored point; downsampling happens here,

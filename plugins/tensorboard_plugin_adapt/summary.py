@@ -31,6 +31,13 @@ import tensorflow as tf
 
 from tensorboard_plugin_adapt import metadata
 
+__all__ = ["event", "is_writable_number", "scalar", "step_time"]
+
+
+def _result(written):
+    """A python bool in eager mode; the boolean tensor inside a ``tf.function``."""
+    return bool(written) if tf.executing_eagerly() else written
+
 
 def _tag(name):
     """``"gns"`` -> ``"adapt/gns"``; a full ``adapt/...`` tag passes through."""
@@ -63,7 +70,8 @@ def scalar(name, data, step=None, description=None):
         description: optional text shown with the series.
 
     Returns:
-        True if written, False if there is no default writer.
+        True if written, False if there is no default writer (a boolean
+        tensor inside a ``tf.function``).
 
     Example:
 
@@ -79,7 +87,7 @@ def scalar(name, data, step=None, description=None):
         value = tf.cast(tf.convert_to_tensor(data), tf.float32)
         if value.shape.rank not in (None, 0):
             raise ValueError(f"data for {tag!r} must be a scalar, got shape {value.shape}")
-        return tf.summary.write(tag=tag, tensor=value, step=step, metadata=md)
+        return _result(tf.summary.write(tag=tag, tensor=value, step=step, metadata=md))
 
 
 def step_time(rank, seconds, step=None):
@@ -121,12 +129,12 @@ def event(record, step=None):
         )
     text = metadata.event_to_json(record)
     md = metadata.create_summary_metadata("tensor", "keras-adapt adaptation event (JSON)")
-    return tf.summary.write(
+    return _result(tf.summary.write(
         tag=metadata.EVENTS_TAG,
         tensor=tf.constant(text, dtype=tf.string),
         step=int(record["step"]) if step is None else step,
         metadata=md,
-    )
+    ))
 
 
 def is_writable_number(value):
