@@ -1,4 +1,8 @@
-"""Launches the main example on two local Horovod workers (`make demo`)."""
+"""Launches the main example on two local Horovod workers (`make demo`).
+
+Runs examples/adaptive_batch.py under horovodrun, then draws the static
+report of the run and prints the TensorBoard command for the Adapt tab.
+"""
 
 import os
 import subprocess
@@ -9,17 +13,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main():
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    logdir = os.path.join(os.path.dirname(HERE), "runs", "monitor_noise_scale")
+    logdir = os.path.join(os.path.dirname(HERE), "runs", "adaptive_batch")
+    # A fresh run directory: the event log appends.
+    if os.path.isdir(logdir):
+        import shutil
+
+        shutil.rmtree(logdir)
     cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-           sys.executable, os.path.join(HERE, "monitor_noise_scale.py"), "--logdir", logdir]
+           sys.executable, os.path.join(HERE, "adaptive_batch.py"), "--logdir", logdir,
+           *sys.argv[1:]]
     print("$", " ".join(cmd), flush=True)
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rc = subprocess.call(cmd, env=env)
-    if rc == 0:
-        print(f"\nlogs are in {logdir}\n"
-              f"see them with: {os.path.dirname(sys.executable)}/tensorboard --logdir {logdir}")
-    sys.exit(rc)
+    if rc != 0:
+        sys.exit(rc)
+    from keras_adapt.report import write_report
+
+    report = os.path.join(logdir, "report.png")
+    write_report(os.path.dirname(logdir), report, runs=[os.path.basename(logdir)])
+    print(f"\nreport: {report}\n"
+          f"TensorBoard (Adapt tab): {os.path.dirname(sys.executable)}/tensorboard "
+          f"--logdir {logdir}")
 
 
 if __name__ == "__main__":

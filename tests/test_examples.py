@@ -30,3 +30,24 @@ def test_monitor_noise_scale_example_on_two_workers(tmp_path):
     assert float(rows[-1]["accuracy"]) > 0.9
     assert "test accuracy" in proc.stdout
     assert os.listdir(tmp_path / "tensorboard" / "train")
+
+
+@pytest.mark.primary_only
+def test_adaptive_batch_example_grows_the_batch_and_records_every_change(tmp_path):
+    import json
+
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+           os.path.join(ROOT, "examples", "adaptive_batch.py"),
+           "--epochs", "2", "--logdir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    printed = [l for l in proc.stdout.splitlines() if "[keras-adapt] step" in l]
+    with open(tmp_path / "adapt_events.jsonl") as f:
+        events = [json.loads(line) for line in f]
+    assert len(printed) == len(events) >= 2  # each decision printed once (rank 0) and on disk
+    batches = [e["after"]["batch_size"] for e in events if e["kind"] == "batch_size"]
+    assert batches == sorted(batches) and batches[-1] > 32
+    assert "summary: 2 workers" in proc.stdout
+    acc = float(proc.stdout.split("test accuracy")[1].split()[0])
+    assert acc > 0.6

@@ -17,6 +17,17 @@ def _check_positive_int(name, value, minimum=1):
     return value
 
 
+def _short(value):
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _changes(before, after):
+    """``key a -> b`` for the keys that changed, for the one-line printout."""
+    keys = [k for k in after if before.get(k) != after.get(k)] or list(after)
+    return ", ".join(f"{k} {_short(before[k])} -> {_short(after[k])}" if k in before
+                     else f"{k} {_short(after[k])}" for k in keys)
+
+
 class AdaptationPolicy(keras.callbacks.Callback):
     """Base class of the policies: read measurements, decide, act, record.
 
@@ -175,7 +186,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self.events.append(event)
         if self.verbose and _hvd.rank() == 0:
             print(f"[keras-adapt] step {event['step']} epoch {event['epoch']}: {kind} "
-                  f"{before} -> {after} ({reason})", flush=True)
+                  f"{_changes(before, after)} ({reason})", flush=True)
         return event
 
     # -- state ---------------------------------------------------------------
