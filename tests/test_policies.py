@@ -259,3 +259,24 @@ def test_policy_needs_the_distributed_optimizer_before_training():
         model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0,
                   callbacks=[GNSBatchSizePolicy(8, 64, micro_batch_size=8)])
     assert not math.isnan(1.0)
+
+
+def test_the_custom_policy_in_the_docs_runs():
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "policies.md")) as f:
+        text = f.read()
+    block = re.search(r"```python\n(from keras_adapt.actuators import GlobalBatchSize.*?)```",
+                      text, re.S).group(1)
+    assert len(block.strip().splitlines()) < 30
+    namespace = {}
+    exec(block, namespace)  # noqa: S102 - our own documentation
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2048, 4)).astype("float32")
+    y = (x.sum(1) + 2 * rng.standard_normal(2048)).astype("float32")
+    model = _model(lr=0.01)
+    policy = namespace["HalfNoiseScale"](interval=10)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[policy])
+    assert policy.batch.value % 64 == 0 or policy.batch.value == 32 * keras_adapt.size()
+    assert policy.lr.progress > 0
