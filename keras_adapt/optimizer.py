@@ -538,3 +538,33 @@ def is_distributed(optimizer):
     False
     """
     return isinstance(optimizer, _DistributedCore)
+
+
+def require_distributed(model, who, statistics=False):
+    """``model``'s keras-adapt optimizer, or a clear error naming the fix.
+
+    With ``statistics=True`` the optimizer must also measure gradient
+    statistics. Used by every callback and actuator that needs one.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    >>> keras_adapt.optimizer.require_distributed(model, "demo") is model.optimizer
+    True
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not is_distributed(optimizer):
+        raise ValueError(
+            f"{who} needs a model compiled with keras_adapt.DistributedOptimizer(...); "
+            f"got optimizer {type(optimizer).__name__ if optimizer is not None else None}. "
+            "Compile with optimizer=keras_adapt.DistributedOptimizer(your_optimizer)."
+        )
+    if statistics and optimizer.gradient_statistics is None:
+        raise ValueError(
+            f"{who} reads the gradient statistics, but the optimizer was created "
+            "with gradient_stats=False; use keras_adapt.DistributedOptimizer(opt, "
+            "gradient_stats=True)"
+        )
+    return optimizer

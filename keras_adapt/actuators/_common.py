@@ -1,18 +1,11 @@
 """Helpers shared by the actuators."""
 
-from keras_adapt.optimizer import is_distributed
+from keras_adapt.optimizer import require_distributed
 
 
 def distributed_optimizer(model, who):
     """The model's keras-adapt optimizer, or a clear error naming the fix."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not is_distributed(optimizer):
-        raise ValueError(
-            f"{who} needs a model compiled with keras_adapt.DistributedOptimizer(...); "
-            f"got optimizer {type(optimizer).__name__ if optimizer is not None else None}. "
-            "Compile with optimizer=keras_adapt.DistributedOptimizer(your_optimizer)."
-        )
-    return optimizer
+    return require_distributed(model, who)
 
 
 def retrace(model):

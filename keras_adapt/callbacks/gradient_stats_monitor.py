@@ -5,7 +5,7 @@ import warnings
 import keras
 
 from keras_adapt import _hvd, _train_step
-from keras_adapt.optimizer import is_distributed
+from keras_adapt.optimizer import require_distributed
 
 #: Log keys written by this monitor (DESIGN.md section 4).
 LOG_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
@@ -72,21 +72,7 @@ class GradientStatsMonitor(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is None or not is_distributed(optimizer):
-            raise ValueError(
-                "GradientStatsMonitor needs a model compiled with "
-                "keras_adapt.DistributedOptimizer(...); got optimizer "
-                f"{type(optimizer).__name__ if optimizer is not None else None}. "
-                "Compile with optimizer=keras_adapt.DistributedOptimizer(your_optimizer)."
-            )
-        stats = optimizer.gradient_statistics
-        if stats is None:
-            raise ValueError(
-                "GradientStatsMonitor: the optimizer was created with "
-                "gradient_stats=False, so there is nothing to read; use "
-                "keras_adapt.DistributedOptimizer(opt, gradient_stats=True)"
-            )
+        stats = require_distributed(model, "GradientStatsMonitor", statistics=True).gradient_statistics
         self._stats = stats
         if stats.fixed_batch_size is None:
             _train_step.record_batch_size(model, stats)

@@ -6,7 +6,7 @@ import os
 import keras
 
 from keras_adapt import _hvd, _train_step, events
-from keras_adapt.optimizer import is_distributed
+from keras_adapt.optimizer import require_distributed
 
 _STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates")
 
@@ -75,6 +75,10 @@ class AdaptationPolicy(keras.callbacks.Callback):
     >>> policy = HalveOnLowSNR(interval=20)
     """
 
+    #: Whether the policy reads the gradient statistics (the optimizer must
+    #: then be created with ``gradient_stats=True``).
+    needs_statistics = False
+
     def __init__(self, interval=10, log_dir=None, verbose=0):
         super().__init__()
         self.interval = _check_positive_int("interval", interval)
@@ -93,13 +97,8 @@ class AdaptationPolicy(keras.callbacks.Callback):
     # -- wiring ------------------------------------------------------------
     def set_model(self, model):
         super().set_model(model)
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is None or not is_distributed(optimizer):
-            raise ValueError(
-                f"{type(self).__name__} needs a model compiled with "
-                "keras_adapt.DistributedOptimizer(...); got optimizer "
-                f"{type(optimizer).__name__ if optimizer is not None else None}."
-            )
+        optimizer = require_distributed(model, type(self).__name__,
+                                        statistics=self.needs_statistics)
         stats = optimizer.gradient_statistics
         if stats is not None and stats.fixed_batch_size is None:
             # The estimators need the micro-batch size of every step.

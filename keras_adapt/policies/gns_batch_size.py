@@ -61,6 +61,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     True
     """
 
+    needs_statistics = True
+
     def __init__(self, min_batch, max_batch, gns_multiple=1.0, hysteresis=0.25,
                  min_change_interval=100, warmup_updates=50, allow_decrease=False, **kwargs):
         super().__init__(min_batch, max_batch, **kwargs)
@@ -71,15 +73,6 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         if not isinstance(allow_decrease, bool):
             raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
         self.allow_decrease = allow_decrease
-
-    def on_attach(self, model):
-        if model.optimizer.gradient_statistics is None:
-            raise ValueError(
-                "GNSBatchSizePolicy reads the gradient noise scale, but the optimizer "
-                "was created with gradient_stats=False; use "
-                "keras_adapt.DistributedOptimizer(opt, gradient_stats=True)"
-            )
-        super().on_attach(model)
 
     def target_for(self, gns):
         """The clipped target global batch for noise scale ``gns``."""

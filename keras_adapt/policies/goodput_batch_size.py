@@ -62,6 +62,8 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     128
     """
 
+    needs_statistics = True
+
     def __init__(self, min_batch, max_batch, hysteresis=0.05, min_change_interval=50,
                  warmup_updates=50, measure_updates=10, explore=True, **kwargs):
         super().__init__(min_batch, max_batch, **kwargs)
@@ -79,14 +81,6 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         self._t_last = None
         self._t_step = None
         self._explored = False
-
-    def on_attach(self, model):
-        if model.optimizer.gradient_statistics is None:
-            raise ValueError(
-                "GoodputBatchSizePolicy reads the gradient noise scale, but the optimizer "
-                "was created with gradient_stats=False"
-            )
-        super().on_attach(model)
 
     def candidates(self):
         """Global batches considered: min_batch x 2^i up to max_batch."""
