@@ -33,8 +33,8 @@ def main():
     report = os.path.join(logdir, "report.png")
     write_report(os.path.dirname(logdir), report, runs=[os.path.basename(logdir)])
     print(f"\nreport: {report}\n"
-          f"TensorBoard (Adapt tab): {os.path.dirname(sys.executable)}/tensorboard "
-          f"--logdir {logdir}")
+          f"TensorBoard: {os.path.dirname(sys.executable)}/tensorboard "
+          f"--logdir {os.path.dirname(logdir)}  (then open http://localhost:6006/#adapt)")
 
 
 if __name__ == "__main__":
