@@ -142,6 +142,18 @@ class _DistributedCore:
         lr = tf.convert_to_tensor(lr)
         return lr * tf.cast(control.factor_at(self.iterations), lr.dtype)
 
+    def _ka_base_value(self, value):
+        """Reading ``learning_rate`` gives the effective rate (base x factor),
+        so setting it sets the effective rate too: callbacks such as
+        ReduceLROnPlateau read, multiply and write it back, which must not
+        compound the factor. Schedules and variables are set as given."""
+        state = getattr(self, "_keras_adapt", None)
+        control = None if state is None else state.lr_control
+        if control is None or callable(value) or isinstance(value, tf.Variable):
+            return value
+        factor = float(control.factor_at(self.iterations).numpy())
+        return float(value) / factor
+
     def _ka_after_update(self):
         control = self._keras_adapt.lr_control
         if control is not None:
@@ -319,6 +331,14 @@ def _is_schedule(lr):
 class _Keras3Binding(_DistributedCore):
     """Keras 3: ``fit`` -> ``apply_gradients`` -> ``apply``; LossScaleOptimizer -> ``apply``."""
 
+    @property
+    def learning_rate(self):
+        return self._get_current_learning_rate()
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        super(_Keras3Binding, type(self)).learning_rate.fset(self, self._ka_base_value(value))
+
     def _get_current_learning_rate(self):
         state = getattr(self, "_keras_adapt", None)
         control = None if state is None else state.lr_control
@@ -385,13 +405,20 @@ class _Keras2Binding(_DistributedCore):
 
 class _Keras2LearningRate:
     """tf.keras 2 (non-legacy) optimizers read ``self.learning_rate`` in
-    ``update_step``; the factor of the learning-rate actuator applies there."""
+    ``update_step``; the factor of the learning-rate actuator applies there.
+
+    Outside the train step (in callbacks, eagerly) ``learning_rate`` stays
+    the user's variable, as on legacy optimizers: tf.keras 2 callbacks such
+    as ReduceLROnPlateau assign to it, and they then change the base rate
+    under the factor. ``LearningRateScale.current_lr()`` gives the effective
+    rate.
+    """
 
     @property
     def learning_rate(self):
         lr = super().learning_rate
         state = getattr(self, "_keras_adapt", None)
-        if state is None or state.lr_control is None:
+        if state is None or state.lr_control is None or tf.executing_eagerly():
             return lr
         return self._ka_scaled(lr)
 
