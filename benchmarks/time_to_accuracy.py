@@ -1,0 +1,461 @@
+"""Time to accuracy: adaptive batch size vs fixed small and fixed large batches.
+
+Run from the repository (it launches itself on 2 local workers, Gloo):
+
+    .venv/bin/python benchmarks/time_to_accuracy.py          # primary stack
+    .venv-keras2/bin/python benchmarks/time_to_accuracy.py   # legacy stack
+    .venv/bin/python benchmarks/time_to_accuracy.py --quick  # smoke run (~1 min)
+    .venv/bin/python benchmarks/time_to_accuracy.py --tune   # the LR grids
+
+How to read it
+--------------
+Two tasks, each trained four ways in the same two worker processes, one
+after the other, from the same initial weights and the same seeded,
+sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
+2 x 128 ReLU MLP, SGD with momentum 0.9:
+
+* ``small``   fixed small global batch (2 workers x 16), LR tuned;
+* ``large``   fixed global batch = ``max_batch``, LR tuned on a grid of the
+  same size (the best was below the linearly scaled LR on both tasks);
+* ``gns``     ``GNSBatchSizePolicy`` (batch -> 1 x the measured noise
+  scale): starts at the small batch with the small batch's LR; the batch
+  grows through the dataset's micro-batch, the LR by AdaScale's gain;
+* ``goodput`` ``GoodputBatchSizePolicy``: same start, same rule.
+
+Tasks: ``teacher_student`` (``keras_adapt.data.teacher_student``, 8-dim
+inputs, 10 classes, 5% label noise; 50k train, 10k test; its noise scale
+grows from about 150 to 450 within the budget) and scikit-learn
+``digits`` (1300 train, 497 test; noise scale about 25 -> 70).
+
+Protocol. Every configuration gets the same number of training samples
+(``passes`` over the training set), and for all of them the LR drops 10x
+for the last 20% of those samples, so the final accuracy is a trained
+model's and not a snapshot of SGD noise. The held-out test set is
+evaluated every ``eval_every`` training samples (at the first update after
+it), the same grid for all; evaluation time is not counted. Wall time
+starts after the first update, so nobody pays for graph tracing.
+
+* ``updates``/``wall`` to target: optimizer updates and training seconds
+  at the first evaluation where the mean of the last 3 evaluations is >=
+  the task's ``target`` (smoothed, so one lucky evaluation does not count;
+  None if never reached). The targets were fixed from the small batch
+  alone: about what it holds at two thirds of its budget, before the decay
+  (teacher_student 0.83, digits 0.975);
+* ``final``: test accuracy at the end of the sample budget.
+
+``speedup_vs_X`` = wall_X / wall_gns to the target (> 1: the adaptive
+policy is faster; null when one of them never reached it);
+``acc_delta_vs_X`` = final_gns - final_X in accuracy points (percent);
+``update_ratio_vs_X``: the same ratio in updates (steadier than wall time on
+a busy machine; here the step time barely depends on the batch, so the two
+agree). The ``goodput_*`` fields give the same for the goodput policy.
+``met`` is the DESIGN.md target: speedup_vs_small >= 1.5 with
+acc_delta_vs_small >= -0.5 and acc_delta_vs_large > 0.
+
+LR tuning (``--tune``): each fixed baseline runs a 5-point grid and keeps
+the best final accuracy. Found: teacher_student small 0.02 (grid 0.005-0.1),
+large 1.28 (grid 0.16-2.56; 2.56 and 5.12 diverge); digits small 0.1 (grid
+0.01-0.2), large 0.2 (grid 0.1-1.6). The policies reuse the small batch's LR
+untouched: their own settings are the library's defaults except
+``gns_multiple=1``, ``min_change_interval=100`` and the AdaScale rule
+(linear scaling diverged for the goodput policy on digits when it jumped
+to 512: 16 x 0.1).
+
+Baselines run ``keras_adapt.DistributedOptimizer(gradient_stats=False)``
+(no monitoring cost); the policies pay for their statistics. Each worker is
+pinned to its own core with one TensorFlow thread. On a shared machine the
+wall times move by several percent between runs: repeat the run to see the
+spread.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = ("small", "large", "gns", "goodput")
+DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
+SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
+
+# Per task: data, model, batch bounds, sample budget, evaluation grid,
+# target, and the learning rates found by ``--tune`` (SGD, momentum 0.9).
+TASKS = {
+    "teacher_student": {
+        "train": 50_000, "test": 10_000, "teacher": {"dim": 8, "hidden": 32},
+        "hidden": 128,
+        "min_batch": 32, "max_batch": 2048,
+        "passes": 3.0, "eval_every": 5_000,
+        "target": 0.83,
+        "lr_small": 0.02, "lr_large": 1.28,
+        "rule": "adascale",
+        "gns": {"gns_multiple": 1.0, "hysteresis": 0.25, "min_change_interval": 100,
+                "warmup_updates": 50, "interval": 10},
+        "goodput": {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
+                    "measure_updates": 10, "interval": 10},
+        "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
+    },
+    "digits": {
+        "test": 497,
+        "hidden": 128,
+        "min_batch": 32, "max_batch": 512,
+        "passes": 30.0, "eval_every": 1_300,
+        "target": 0.975,
+        "lr_small": 0.1, "lr_large": 0.2,
+        "rule": "adascale",
+        "gns": {"gns_multiple": 1.0, "hysteresis": 0.25, "min_change_interval": 100,
+                "warmup_updates": 50, "interval": 10},
+        "goodput": {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
+                    "measure_updates": 10, "interval": 10},
+        "lr_grid": {"small": [0.01, 0.02, 0.05, 0.1, 0.2], "large": [0.1, 0.2, 0.4, 0.8, 1.6]},
+    },
+}
+
+QUICK = {  # smoke mode: the same code paths on a fraction of the data
+    "teacher_student": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
+    "digits": {"passes": 3.0, "eval_every": 1_300},
+}
+
+
+def task_settings(args):
+    out = {}
+    for name in args.tasks:
+        cfg = json.loads(json.dumps(TASKS[name]))
+        if args.quick:
+            cfg.update(QUICK[name])
+            for key in ("gns", "goodput"):
+                cfg[key].update(warmup_updates=10, min_change_interval=20, interval=5)
+        for item in args.set or []:  # task.key=json, for experiments
+            key, value = item.split("=", 1)
+            task, _, field = key.partition(".")
+            if task == name:
+                target = cfg
+                parts = field.split(".")
+                for p in parts[:-1]:
+                    target = target[p]
+                target[parts[-1]] = json.loads(value)
+        out[name] = cfg
+    return out
+
+
+# ---------------------------------------------------------------- launcher
+def launch(args):
+    out = tempfile.mkdtemp(prefix="time_to_accuracy_")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+           "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
+           "--worker", "--out", out, "--tasks", *args.tasks]
+    for flag in ("quick", "tune"):
+        if getattr(args, flag):
+            cmd.append(f"--{flag}")
+    for item in args.set or []:
+        cmd += ["--set", item]
+    if args.configs:
+        cmd += ["--configs", *args.configs]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"benchmark workers failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                 f"{proc.stderr[-4000:]}")
+    with open(os.path.join(out, "rank0.json")) as f:
+        result = json.load(f)
+    if args.tune:
+        report_tuning(result)
+    else:
+        report(result, time.perf_counter() - t0, args.curves)
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def report_tuning(result):
+    for task, runs in result["tuning"].items():
+        print(f"\nLR grid, task={task} ({result['versions']})")
+        for label, rows in runs.items():
+            best = max(rows, key=lambda r: (r["final"], -(r["wall_to_target"] or 1e9)))
+            for r in rows:
+                mark = "  <- best" if r is best else ""
+                print(f"  {label:6s} lr={r['lr']:<8g} final={r['final']:.4f} "
+                      f"to_target={_fmt(r['wall_to_target'], '.2f')}s{mark}")
+
+
+def report(result, elapsed, curves=False):
+    for task, res in result["tasks"].items():
+        s = res["settings"]
+        runs = res["runs"]
+        print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
+              f"2 workers, Gloo; budget {s['passes']:g} passes of {res['train_size']} samples, "
+              f"target {s['target']:.3f}, LR rule {s['rule']}")
+        print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'wall':>7s} "
+              f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
+        for c, r in runs.items():
+            batches = r["batches"]
+            span = f"{batches[0]}" if len(set(batches)) == 1 else f"{batches[0]}->{batches[-1]}"
+            print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {r['wall']:6.2f}s "
+                  f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
+                  f"{r['final']:7.4f}")
+        if curves:
+            for c, r in runs.items():
+                print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
+                      " ".join(f"({a},{u},{w:.1f},{acc:.3f},{b},{g})" for a, u, w, acc, b, g in r["curve"]))
+        line = summary(task, result, res)
+        if "gns" in runs:
+            print(f"met: {line['met']}  (speedup_vs_small {line['speedup_vs_small']}, "
+                  f"acc_delta_vs_small {line['acc_delta_vs_small']}, "
+                  f"acc_delta_vs_large {line['acc_delta_vs_large']})")
+        print(json.dumps(line))
+    print(f"\nbenchmark took {elapsed:.0f} s")
+
+
+def _speedup(runs, base, ours, key="wall_to_target"):
+    if base not in runs:
+        return None
+    a, b = runs[base][key], runs[ours][key]
+    if a is None or b is None:
+        return None
+    return round(a / b, 3)
+
+
+def summary(task, result, res):
+    runs = res["runs"]
+
+    def delta(ours, base):
+        if base not in runs:
+            return None
+        return round(100 * (runs[ours]["final"] - runs[base]["final"]), 2)
+
+    line = {"bench": "time_to_accuracy", "task": task}
+    if "gns" in runs:
+        line.update(speedup_vs_small=_speedup(runs, "small", "gns"),
+                    acc_delta_vs_small=delta("gns", "small"),
+                    speedup_vs_large=_speedup(runs, "large", "gns"),
+                    acc_delta_vs_large=delta("gns", "large"))
+        line.update(update_ratio_vs_small=_speedup(runs, "small", "gns", "updates_to_target"),
+                    update_ratio_vs_large=_speedup(runs, "large", "gns", "updates_to_target"))
+    if "goodput" in runs:
+        line.update(goodput_speedup_vs_small=_speedup(runs, "small", "goodput"),
+                    goodput_acc_delta_vs_small=delta("goodput", "small"),
+                    goodput_speedup_vs_large=_speedup(runs, "large", "goodput"),
+                    goodput_acc_delta_vs_large=delta("goodput", "large"))
+
+    def met(prefix):
+        sp, ds, dl = (line.get(prefix + k) for k in
+                      ("speedup_vs_small", "acc_delta_vs_small", "acc_delta_vs_large"))
+        return sp is not None and sp >= 1.5 and ds >= -0.5 and dl is not None and dl > 0
+
+    line["met"] = met("") if "gns" in runs else None
+    if "goodput" in runs:
+        line["goodput_met"] = met("goodput_")
+    s = res["settings"]
+    line.update(
+        stack=result["stack"], target=s["target"], passes=s["passes"], rule=s["rule"],
+        configs={c: {"lr": r["lr"], "updates": r["updates"], "wall": round(r["wall"], 3),
+                     "updates_to_target": r["updates_to_target"],
+                     "wall_to_target": None if r["wall_to_target"] is None
+                     else round(r["wall_to_target"], 3),
+                     "final": round(r["final"], 4),
+                     "batch_trajectory": r["trajectory"]}
+                 for c, r in runs.items()},
+    )
+    return line
+
+
+# ------------------------------------------------------------------ worker
+def worker(args):
+    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    if hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import horovod
+    import horovod.tensorflow as hvd
+    import keras
+
+    import keras_adapt
+    from keras_adapt import _keras
+    from keras_adapt.data import AdaptiveBatchDataset, teacher_student
+    from keras_adapt.policies import GNSBatchSizePolicy, GoodputBatchSizePolicy
+
+    hvd.init()
+    rank, workers = hvd.rank(), hvd.size()
+    settings = task_settings(args)
+
+    def load(name, s):
+        if name == "teacher_student":
+            x, y = teacher_student(s["train"], seed=0, **s["teacher"])
+            # another size draws other samples from the same teacher
+            xt, yt = teacher_student(s["test"], seed=0, **s["teacher"])
+            return x, y, xt, yt
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x = (d.data / 16.0).astype("float32")
+        y = d.target.astype("int64")
+        order = np.random.default_rng(0).permutation(len(x))
+        test, train = order[: s["test"]], order[s["test"]:]
+        return x[train], y[train], x[test], y[test]
+
+    class Tracker(keras.callbacks.Callback):
+        """Training clock (evaluation excluded), evaluation grid, sample budget."""
+
+        def __init__(self, ds, xt, yt, budget, eval_every, target, policy):
+            super().__init__()
+            self.decay_at = DECAY_AT * budget
+            self.decayed = False
+            self.ds, self.budget, self.eval_every, self.target = ds, budget, eval_every, target
+            self.xt, self.yt = tf.constant(xt), yt
+            self.policy = policy
+            self.excluded = 0.0
+            self.t0 = None
+            self.next_eval = eval_every
+            self.curve = []  # (global samples, updates, train seconds, acc, global batch)
+            self.hit = None
+            self.trajectory = []  # (updates, global batch) at each change
+
+        def set_model(self, model):
+            super().set_model(model)
+            self._logits = tf.function(lambda x: model(x, training=False))
+
+        def accuracy(self):
+            pred = np.argmax(self._logits(self.xt).numpy(), axis=1)
+            return float(np.mean(pred == self.yt))
+
+        def global_batch(self):
+            acc = self.model.optimizer._keras_adapt.accumulation
+            k = 1 if acc is None else int(acc.steps.numpy())
+            return workers * self.ds.micro_batch_size * k
+
+        def updates(self):
+            return int(self.model.optimizer.iterations.numpy())
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            if self.t0 is None:
+                self.t0 = now  # the first update pays for tracing: not counted
+            acc_state = self.model.optimizer._keras_adapt.accumulation
+            if acc_state is not None and int(acc_state.count.numpy()) != 0:
+                return  # mid-accumulation: not an update boundary
+            samples = self.ds.samples * workers
+            b = self.global_batch()
+            if not self.trajectory or self.trajectory[-1][1] != b:
+                self.trajectory.append((self.updates(), b))
+            done = samples >= self.budget
+            if not self.decayed and samples >= self.decay_at:
+                # every configuration: LR / 10 for the last part of the budget
+                self.decayed = True
+                # Keras 3 reads and writes the effective rate, tf.keras 2 the
+                # base rate under the policies' factor: x0.1 either way.
+                opt = self.model.optimizer
+                opt.learning_rate = float(np.asarray(opt.learning_rate)) * DECAY
+            if samples >= self.next_eval or done:
+                wall = now - self.t0 - self.excluded
+                acc = self.accuracy()
+                gns = None
+                if self.policy is not None:
+                    gns = round(float(self.policy.measurements().get("gns", float("nan"))), 1)
+                self.curve.append((samples, self.updates(), wall, acc, b, gns))
+                recent = [c[3] for c in self.curve[-SMOOTH:]]
+                if self.hit is None and len(recent) == SMOOTH and np.mean(recent) >= self.target:
+                    self.hit = (self.updates(), wall)
+                while self.next_eval <= samples:
+                    self.next_eval += self.eval_every
+                self.excluded += time.perf_counter() - now
+            if done:
+                self.model.stop_training = True
+
+    def run(name, s, data, config, lr):
+        x, y, xt, yt = data
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((x.shape[1],)),
+            keras.layers.Dense(s["hidden"], activation="relu"),
+            keras.layers.Dense(s["hidden"], activation="relu"),
+            keras.layers.Dense(10),
+        ])
+        adaptive = config in ("gns", "goodput")
+        opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
+                                               gradient_stats=adaptive)
+        model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        micro = (s["max_batch"] if config == "large" else s["min_batch"]) // workers
+        ds = AdaptiveBatchDataset(x, y, micro_batch_size=micro, seed=0)
+        callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
+        policy = None
+        if adaptive:
+            cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
+            policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
+                         max_micro_batch_size=s["max_batch"] // workers,
+                         scaling_rule=s["rule"], **s[config])
+            callbacks.append(policy)
+        budget = int(s["passes"] * len(x))
+        tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
+        callbacks.append(tracker)
+        max_steps = budget // (workers * micro) + 10
+        model.fit(ds.dataset, steps_per_epoch=max_steps, epochs=1, verbose=0,
+                  callbacks=callbacks)
+        last = tracker.curve[-1][:4]
+        return {
+            "lr": lr, "updates": last[1], "wall": last[2], "final": last[3],
+            "updates_to_target": tracker.hit and tracker.hit[0],
+            "wall_to_target": tracker.hit and tracker.hit[1],
+            "batches": [b for _, b in tracker.trajectory],
+            "trajectory": tracker.trajectory,
+            "curve": tracker.curve,
+            "events": len(policy.events) if policy else 0,
+        }
+
+    result = {
+        "stack": "primary" if _keras.IS_KERAS3 else "legacy",
+        "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
+    }
+    configs = args.configs or CONFIGS
+    if args.tune:
+        result["tuning"] = {}
+        for name, s in settings.items():
+            data = load(name, s)
+            rows = {}
+            for config in [c for c in ("small", "large") if c in configs]:
+                rows[config] = []
+                for lr in s["lr_grid"][config]:
+                    r = run(name, s, data, config, lr)
+                    rows[config].append({"lr": lr, "final": r["final"],
+                                         "wall_to_target": r["wall_to_target"]})
+            result["tuning"][name] = rows
+    else:
+        result["tasks"] = {}
+        for name, s in settings.items():
+            data = load(name, s)
+            runs = {}
+            for config in configs:
+                lr = s["lr_large"] if config == "large" else s["lr_small"]
+                runs[config] = run(name, s, data, config, lr)
+            result["tasks"][name] = {"settings": s, "runs": runs, "train_size": len(data[0])}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="short smoke run")
+    parser.add_argument("--tune", action="store_true",
+                        help="run the LR grids of the fixed-batch baselines instead")
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, help="a subset of configurations")
+    parser.add_argument("--curves", action="store_true", help="also print the accuracy curves")
+    parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
+                        help="override a task setting, e.g. digits.passes=10")
+    args = parser.parse_args()
+    worker(args) if args.worker else launch(args)
+
+
+if __name__ == "__main__":
+    main()
