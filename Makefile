@@ -45,6 +45,8 @@ test-legacy: setup-legacy
 bench: setup
 	$(VENV)/bin/python benchmarks/monitor_overhead.py
 	$(VENV2)/bin/python benchmarks/monitor_overhead.py
+	$(VENV)/bin/python benchmarks/time_to_accuracy.py
+	$(VENV2)/bin/python benchmarks/time_to_accuracy.py
 
 clean:
 	rm -rf $(VENV) $(VENV2) build *.egg-info keras_adapt/ops/_keras_adapt_ops_*.so

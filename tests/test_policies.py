@@ -280,3 +280,21 @@ def test_the_custom_policy_in_the_docs_runs():
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[policy])
     assert policy.batch.value % 64 == 0 or policy.batch.value == 32 * keras_adapt.size()
     assert policy.lr.progress > 0
+
+
+def test_goodput_step_times_exclude_other_callbacks_work():
+    import time
+
+    x = np.ones((256, 4), "float32")
+    model = _model()
+    policy = GoodputBatchSizePolicy(min_batch=8, max_batch=64, micro_batch_size=8,
+                                    warmup_updates=10**6)  # measure only
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.05)
+
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[policy, Slow()])
+    (times,) = policy.update_times.values()
+    assert len(times) == 31  # one per update after the first
+    assert np.median(times) < 0.04, "another callback's 50 ms was counted as step time"

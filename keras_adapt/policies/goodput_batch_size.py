@@ -32,8 +32,9 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     much each sample is worth at batch M given the noise scale phi
     (:func:`statistical_efficiency`, relative to ``min_batch``).
 
-    Throughput comes from the step times this job measured: the time per
-    update at each global batch it ran (median, averaged over the workers so
+    Throughput comes from the step times this job measured (from each
+    step's begin to its end, so other callbacks' work does not count): the
+    time per update at each global batch it ran (median, averaged over the workers so
     every rank decides alike), fitted with T(M) = alpha + beta x M by least
     squares (Pollux and CM-DARE use the same linear compute model). With
     only one batch size measured the policy explores the next candidate
@@ -78,8 +79,9 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             raise TypeError(f"explore must be True or False, got {explore!r}")
         self.explore = explore
         self.update_times = {}  # global batch -> seconds per update (this rank)
-        self._t_last = None
-        self._t_step = None
+        self._t_begin = None  # perf_counter at the current step's begin
+        self._t_sum = 0.0  # step time since the last update
+        self._t_step = None  # optimizer.iterations at the last update
         self._explored = False
 
     def candidates(self):
@@ -92,19 +94,29 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
 
     # -- measuring -----------------------------------------------------------
     def on_train_begin(self, logs=None):
-        self._t_last = None
+        self._t_begin = None
+        self._t_sum = 0.0
+        self._t_step = None
         super().on_train_begin(logs)
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._t_begin = time.perf_counter()
+
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
+        # Only the time between this step's begin and end counts, so the
+        # work of other callbacks (evaluation, checkpoints) is not taken
+        # for step time; an update's k micro-steps are summed.
+        if self._t_begin is not None:
+            self._t_sum += time.perf_counter() - self._t_begin
+            self._t_begin = None
         step = self.step
         if self._t_step is None or step < self._t_step:
-            self._t_last, self._t_step = now, step
+            self._t_sum, self._t_step = 0.0, step
         elif step > self._t_step:
-            if self._t_last is not None and self.batch.value is not None:
-                per_update = (now - self._t_last) / (step - self._t_step)
+            if self.batch.value is not None:
+                per_update = self._t_sum / (step - self._t_step)
                 self.update_times.setdefault(self.batch.value, []).append(per_update)
-            self._t_last, self._t_step = now, step
+            self._t_sum, self._t_step = 0.0, step
         super().on_train_batch_end(batch, logs)
 
     def _agreed_times(self):
