@@ -28,27 +28,17 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
+
+from _workers import pin_worker, run_on_workers
 
 MODELS = ("mlp", "cnn")
 CONFIGS = ("baseline", "off", "on", "on_twin")
 
 
 def launch(args):
-    out = tempfile.mkdtemp(prefix="monitor_overhead_")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
-           "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
-           "--worker", "--out", out, "--rounds", str(args.rounds), "--steps", str(args.steps)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"benchmark workers failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    with open(os.path.join(out, "rank0.json")) as f:
-        result = json.load(f)
-    report(result)
+    report(run_on_workers(__file__, ["--rounds", args.rounds, "--steps", args.steps],
+                          "monitor_overhead_"))
 
 
 def report(result):
@@ -94,20 +84,10 @@ def report(result):
 
 
 def worker(args):
-    # Pin each worker (and every thread it will start) to its own core before
-    # TensorFlow starts its pools. Unpinned, the two workers' threads migrate
-    # across the two cores and step times move by +-10% between runs, far
-    # more than the 1-2% this benchmark has to resolve.
-    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-    if hasattr(os, "sched_setaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+    pin_worker()
     import numpy as np
     import tensorflow as tf
 
-    # two workers share two cores: one thread each keeps the timing honest
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     import horovod.tensorflow as hvd
     import keras
 

@@ -76,10 +76,9 @@ spread.
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
+
+from _workers import pin_worker, run_on_workers
 
 CONFIGS = ("small", "large", "gns", "goodput")
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
@@ -149,25 +148,14 @@ def task_settings(args):
 
 # ---------------------------------------------------------------- launcher
 def launch(args):
-    out = tempfile.mkdtemp(prefix="time_to_accuracy_")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
-           "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
-           "--worker", "--out", out, "--tasks", *args.tasks]
-    for flag in ("quick", "tune"):
-        if getattr(args, flag):
-            cmd.append(f"--{flag}")
+    extra = ["--tasks", *args.tasks]
+    extra += [f"--{flag}" for flag in ("quick", "tune") if getattr(args, flag)]
     for item in args.set or []:
-        cmd += ["--set", item]
+        extra += ["--set", item]
     if args.configs:
-        cmd += ["--configs", *args.configs]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        extra += ["--configs", *args.configs]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"benchmark workers failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                 f"{proc.stderr[-4000:]}")
-    with open(os.path.join(out, "rank0.json")) as f:
-        result = json.load(f)
+    result = run_on_workers(__file__, extra, "time_to_accuracy_")
     if args.tune:
         report_tuning(result)
     else:
@@ -272,15 +260,10 @@ def summary(task, result, res):
 
 # ------------------------------------------------------------------ worker
 def worker(args):
-    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-    if hasattr(os, "sched_setaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+    pin_worker()
     import numpy as np
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     import horovod
     import horovod.tensorflow as hvd
     import keras

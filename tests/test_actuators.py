@@ -3,7 +3,6 @@ the learning-rate factor and its ramp, the global batch decomposition."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras
 import keras_adapt

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 
-import numpy as np
 
 import keras
 import keras_adapt
