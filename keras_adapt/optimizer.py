@@ -53,6 +53,9 @@ class _Accumulation:
             self.steps = tf.Variable(steps, dtype=tf.int64, trainable=False, name="accumulation_steps")
             self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated")
             self.local_sqr = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="accumulated_sqr")
+        # Host copy of k, kept by GradientAccumulation.set: callbacks read it
+        # every step, and a variable read there would cost a device round trip.
+        self.steps_value = int(steps)
         self.grads = None
 
 

@@ -51,7 +51,7 @@ class GradientAccumulation:
     @property
     def steps(self):
         """The current k (python int)."""
-        return int(self._state.steps.numpy())
+        return self._state.steps_value
 
     @property
     def pending_micro_steps(self):
@@ -61,4 +61,6 @@ class GradientAccumulation:
     def set(self, steps):
         """Sets k; takes effect at the next update (a lower k than already
         accumulated applies at the next micro-step)."""
-        self._state.steps.assign(positive_int("steps", steps))
+        steps = positive_int("steps", steps)
+        self._state.steps.assign(steps)
+        self._state.steps_value = steps

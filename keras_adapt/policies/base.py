@@ -38,9 +38,11 @@ class AdaptationPolicy(keras.callbacks.Callback):
       boundaries, never in the middle of an accumulation);
     * :meth:`on_epoch_adapt` -- at the end of every epoch.
 
-    Each receives ``values``: the Keras logs merged with the in-graph
-    gradient statistics (``gns``, ``grad_sqr``, ``grad_var``, ``grad_snr``,
-    ``updates``). The statistics derive from allreduced values, so they are
+    Each receives ``values``: the in-graph gradient statistics (``gns``,
+    ``grad_sqr``, ``grad_var``, ``grad_snr``, ``updates``), merged with the
+    epoch's logs at epoch end. :meth:`adapt` runs on the training thread
+    just before the next step, so the change it makes applies from that step
+    on; the policy is async-safe and does not make Keras 3 sync per step. The statistics derive from allreduced values, so they are
     identical on every rank; a policy that decides only from them (and from
     step and epoch counts) makes the same decision at the same step on every
     rank. Per-rank quantities such as the loss or host timings must be
@@ -91,8 +93,14 @@ class AdaptationPolicy(keras.callbacks.Callback):
         #: Every event this policy recorded, in order (on every rank).
         self.events = []
         self.epoch = 0
-        self._last_adapt = 0
+        self._last_adapt = 0  # optimizer step of the last adapt() call
+        self._updates_since = 0  # updates since then, counted on the host
+        self._pending_micro = 0  # micro-steps towards the next update (host copy)
+        self._step_running = False  # a step began and its end is not yet counted
+        self._log_cache = {}
         self._pending_state = None
+        self.async_safe = True  # see the Keras hooks below
+        self._supports_tf_logs = True
 
     # -- wiring ------------------------------------------------------------
     def set_model(self, model):
@@ -127,38 +135,97 @@ class AdaptationPolicy(keras.callbacks.Callback):
         values.update(self.measurements())
         return values
 
-    def _at_update_boundary(self):
+    def _completes_update(self):
+        """Whether the micro-step that just ended completed an optimizer update.
+
+        Mirrors the in-graph rule (count += 1; update when count >= k) on the
+        host, so no variable is read per step; every rank counts alike.
+        """
         acc = self.model.optimizer._keras_adapt.accumulation
-        return acc is None or int(acc.count.numpy()) == 0
+        if acc is None:
+            return True
+        self._pending_micro += 1
+        if self._pending_micro >= acc.steps_value:
+            self._pending_micro = 0
+            return True
+        return False
+
+    def _check_one_step_per_call(self):
+        spe = getattr(self.model, "steps_per_execution", None)
+        if spe is None:  # tf.keras 2 keeps it in a variable
+            spe = getattr(self.model, "_steps_per_execution", None)
+        spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
+        if spe != 1:
+            raise ValueError(
+                f"{type(self).__name__} needs one train step per call (it counts steps "
+                f"and acts between them); the model was compiled with "
+                f"steps_per_execution={spe}. Compile with steps_per_execution=1."
+            )
 
     # -- Keras hooks -------------------------------------------------------
+    # The per-step work happens in on_train_batch_begin, which Keras always
+    # runs on the training thread between two steps: a decision made there
+    # takes effect at the same step on every rank. on_train_batch_end only
+    # copies cached floats into the logs, so the policy is async-safe and
+    # Keras 3 need not sync the host after every step on its account.
     def on_train_begin(self, logs=None):
+        self._check_one_step_per_call()
         self._last_adapt = self.step
+        self._updates_since = 0
+        self._step_running = False
+        acc = self.model.optimizer._keras_adapt.accumulation
+        self._pending_micro = 0 if acc is None else int(acc.count.numpy())
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self.restore(state)
             self.record("resume", "state restored from a checkpoint", {}, state)
         self.on_adapt_begin(self._values(logs))
+        self._refresh_logs()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
-    def on_train_batch_end(self, batch, logs=None):
-        step = self.step
-        if step - self._last_adapt >= self.interval and self._at_update_boundary():
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_ended()
+        self._step_running = True
+
+    def _step_ended(self):
+        """Accounts for the step that ran before (per step: host arithmetic
+        only; the variables are read every ``interval`` updates)."""
+        if not self._step_running:
+            return
+        self._step_running = False
+        if not self._completes_update():
+            return
+        self.on_update_end()
+        self._updates_since += 1
+        if self._updates_since >= self.interval:
+            self._updates_since = 0
+            step = self.step
             self._last_adapt = step
-            self.adapt(step, self._values(logs))
+            self.adapt(step, self._values(None))
+            self._refresh_logs()
+
+    def on_train_batch_end(self, batch, logs=None):
         if logs is not None:
-            logs.update(self.log_values())
+            logs.update(self._log_cache)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._step_ended()
         self.on_epoch_adapt(epoch, self._values(logs))
+        self._refresh_logs()
         if logs is not None:
-            logs.update(self.log_values())
+            logs.update(self._log_cache)
+
+    def _refresh_logs(self):
+        self._log_cache = dict(self.log_values())
 
     # -- to override -------------------------------------------------------
     def on_attach(self, model):
         """Called when Keras hands the policy its model: create actuators here."""
+
+    def on_update_end(self):
+        """Called after every micro-step that completed an optimizer update."""
 
     def on_adapt_begin(self, values):
         """Called once when training begins."""

@@ -85,6 +85,7 @@ class BatchSizePolicy(AdaptationPolicy):
             self.change_batch(self.max_batch, f"batch {current} > max_batch {self.max_batch}")
 
     def adapt(self, step, values):
+        self._lr_value = None  # refreshed once per interval (also during a ramp)
         if self.base_batch is None:
             if self.batch.value is None:
                 return

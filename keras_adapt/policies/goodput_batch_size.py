@@ -32,9 +32,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     much each sample is worth at batch M given the noise scale phi
     (:func:`statistical_efficiency`, relative to ``min_batch``).
 
-    Throughput comes from the step times this job measured (from each
-    step's begin to its end, so other callbacks' work does not count): the
-    time per update at each global batch it ran (median, averaged over the workers so
+    Throughput comes from the step times this job measured (from one step's
+    begin to the next, the time training really takes; the median ignores
+    the odd slow step, such as one with an evaluation): the time per update
+    at each global batch it ran (median, averaged over the workers so
     every rank decides alike), fitted with T(M) = alpha + beta x M by least
     squares (Pollux and CM-DARE use the same linear compute model). With
     only one batch size measured the policy explores the next candidate
@@ -81,7 +82,6 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         self.update_times = {}  # global batch -> seconds per update (this rank)
         self._t_begin = None  # perf_counter at the current step's begin
         self._t_sum = 0.0  # step time since the last update
-        self._t_step = None  # optimizer.iterations at the last update
         self._explored = False
 
     def candidates(self):
@@ -96,28 +96,28 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     def on_train_begin(self, logs=None):
         self._t_begin = None
         self._t_sum = 0.0
-        self._t_step = None
         super().on_train_begin(logs)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._t_begin = time.perf_counter()
+        # One micro-step's time is begin to next begin: what training
+        # actually gets through, including the callbacks' per-step cost.
+        now = time.perf_counter()
+        if self._t_begin is not None and self._step_running:
+            self._t_sum += now - self._t_begin
+        self._t_begin = now
+        super().on_train_batch_begin(batch, logs)
 
-    def on_train_batch_end(self, batch, logs=None):
-        # Only the time between this step's begin and end counts, so the
-        # work of other callbacks (evaluation, checkpoints) is not taken
-        # for step time; an update's k micro-steps are summed.
-        if self._t_begin is not None:
-            self._t_sum += time.perf_counter() - self._t_begin
-            self._t_begin = None
-        step = self.step
-        if self._t_step is None or step < self._t_step:
-            self._t_sum, self._t_step = 0.0, step
-        elif step > self._t_step:
-            if self.batch.value is not None:
-                per_update = self._t_sum / (step - self._t_step)
-                self.update_times.setdefault(self.batch.value, []).append(per_update)
-            self._t_sum, self._t_step = 0.0, step
-        super().on_train_batch_end(batch, logs)
+    def on_epoch_end(self, epoch, logs=None):
+        # The epoch's last step ends with evaluation and epoch callbacks:
+        # do not count it.
+        self._t_begin = None
+        self._t_sum = 0.0
+        super().on_epoch_end(epoch, logs)
+
+    def on_update_end(self):
+        if self.batch.value is not None and self._t_sum > 0.0:
+            self.update_times.setdefault(self.batch.value, []).append(self._t_sum)
+        self._t_sum = 0.0
 
     def _agreed_times(self):
         """Median time per update for each well-measured batch, averaged over

@@ -100,6 +100,7 @@ class LRScalingPolicy(AdaptationPolicy):
         self._follow(f"global batch {self.batch.value} at start", values)
 
     def adapt(self, step, values):
+        self._lr_value = None
         self._follow(f"global batch {self.batch.value}", values)
 
     def log_values(self):
