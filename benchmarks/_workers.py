@@ -6,6 +6,7 @@ and returns rank 0's result; the worker side calls :func:`pin_worker`
 before it imports TensorFlow.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -44,3 +45,18 @@ def pin_worker():
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def parser(doc):
+    """An argument parser with the hidden ``--worker``/``--out`` flags."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return p
+
+
+def write_result(out, rank, result):
+    """Writes this worker's ``result`` where :func:`run_on_workers` reads it."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)

@@ -24,13 +24,12 @@ on a small shared machine the rounds differ by several percent;
 op_vs_twin = on / on_twin).
 """
 
-import argparse
 import json
-import os
 import statistics
 import time
 
-from _workers import pin_worker, run_on_workers
+from _workers import parser as worker_parser
+from _workers import pin_worker, run_on_workers, write_result
 
 MODELS = ("mlp", "cnn")
 CONFIGS = ("baseline", "off", "on", "on_twin")
@@ -195,15 +194,11 @@ def worker(args):
         "rounds_ms": {k: {c: [t * 1e3 for t in times[(k, c)]] for c in CONFIGS} for k in MODELS},
         "kernel": kernel,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(args.out, rank, result)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser = worker_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=80, help="timed steps per round")
     args = parser.parse_args()

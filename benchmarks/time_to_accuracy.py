@@ -73,12 +73,11 @@ wall times move by several percent between runs: repeat the run to see the
 spread.
 """
 
-import argparse
 import json
-import os
 import time
 
-from _workers import pin_worker, run_on_workers
+from _workers import parser as worker_parser
+from _workers import pin_worker, run_on_workers, write_result
 
 CONFIGS = ("small", "large", "gns", "goodput")
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
@@ -426,15 +425,11 @@ def worker(args):
                 lr = s["lr_large"] if config == "large" else s["lr_small"]
                 runs[config] = run(name, s, data, config, lr)
             result["tasks"][name] = {"settings": s, "runs": runs, "train_size": len(data[0])}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(args.out, rank, result)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser = worker_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="short smoke run")
     parser.add_argument("--tune", action="store_true",
                         help="run the LR grids of the fixed-batch baselines instead")
