@@ -114,6 +114,6 @@ class LearningRateScale:
         schedule at the progress, times the factor)."""
         if self._state.use_progress:
             lr = self._optimizer._learning_rate
-            if callable(lr) and hasattr(lr, "get_config") and not hasattr(lr, "assign"):
+            if _optimizer._is_schedule(lr):
                 return float(np.asarray(lr(self.progress))) * self.factor
         return self.base_lr() * self.factor
