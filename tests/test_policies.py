@@ -53,7 +53,7 @@ def _drive(policy, model, script):
     for step, gns in script:
         _script_gns(model, gns)
         while int(optimizer.iterations.numpy()) < step:
-            acc = optimizer._keras_adapt.accumulation
+            acc = optimizer.adapt_state.accumulation
             pending += 1
             if acc is None or pending >= acc.steps_value:
                 pending = 0

@@ -141,7 +141,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         Mirrors the in-graph rule (count += 1; update when count >= k) on the
         host, so no variable is read per step; every rank counts alike.
         """
-        acc = self.model.optimizer._keras_adapt.accumulation
+        acc = self.model.optimizer.adapt_state.accumulation
         if acc is None:
             return True
         self._pending_micro += 1
@@ -173,7 +173,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self._last_adapt = self.step
         self._updates_since = 0
         self._step_running = False
-        acc = self.model.optimizer._keras_adapt.accumulation
+        acc = self.model.optimizer.adapt_state.accumulation
         self._pending_micro = 0 if acc is None else int(acc.count.numpy())
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
