@@ -26,6 +26,9 @@ from keras_adapt import _keras
 from keras_adapt import ops
 from keras_adapt.monitors.gradient_stats import GradientStatistics
 
+#: Default ``stats_interval``: the statistics are measured on one update in this many.
+DEFAULT_STATS_INTERVAL = 1
+
 
 class AdaptState:
     """What keras-adapt adds to a wrapped optimizer: ``optimizer.adapt_state``.
@@ -63,10 +66,23 @@ class AdaptState:
         self.accumulation = None
         self.lr_control = None
         self.batch_size_actuator = None
-        # One-worker differencing (the optimizer's own), created on first use.
-        self.prev_grads = None
-        self.prev_sqr = None
-        self.have_prev = None
+        # One worker: the previous update's gradient, created on first use.
+        self.previous = None
+
+
+class _PreviousGradient:
+    """One worker's copy of the gradient of the update before a measured one."""
+
+    def __init__(self, grads):
+        with tf.init_scope():
+            def var(value, dtype, name):
+                return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+            self.grads = [var(tf.zeros(g.shape, g.dtype), g.dtype, "prev_grad") for g in grads]
+            self.sqr = var(0.0, tf.float32, "prev_sqr")
+            self.inv_batch = var(0.0, tf.float32, "prev_inv_batch")
+            self.update_index = var(-1, tf.int64, "prev_update_index")
+            self.stored = var(False, tf.bool, "prev_stored")
 
 
 class AccumulationState:
@@ -79,6 +95,11 @@ class AccumulationState:
             self.steps = tf.Variable(steps, dtype=tf.int64, trainable=False, name="accumulation_steps")
             self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated")
             self.local_sqr = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="accumulated_sqr")
+            # sum over the micro-steps of 1/b and of b (the gradient statistics)
+            self.inv_batch = tf.Variable(0.0, dtype=tf.float32, trainable=False,
+                                         name="accumulated_inv_batch")
+            self.samples = tf.Variable(0.0, dtype=tf.float32, trainable=False,
+                                       name="accumulated_samples")
         # Host copy of k, kept by GradientAccumulation.set: callbacks read it
         # every step, and a variable read there would cost a device round trip.
         self.steps_value = int(steps)
@@ -154,7 +175,7 @@ class _DistributedCore:
     """
 
     _ka_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
-                    "skip_nonfinite": True}
+                    "skip_nonfinite": True, "stats_interval": DEFAULT_STATS_INTERVAL}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -162,7 +183,8 @@ class _DistributedCore:
         stats = None
         if settings["gradient_stats"]:
             stats = GradientStatistics(ema_decay=settings["ema_decay"],
-                                       batch_size=settings["batch_size"])
+                                       batch_size=settings["batch_size"],
+                                       interval=settings["stats_interval"])
         self._adapt_state = AdaptState(stats, settings["skip_nonfinite"])
 
     @property
@@ -213,34 +235,45 @@ class _DistributedCore:
         if control is not None:
             control.progress.assign_add(control.gain)
 
-    def _ka_single_worker_total(self, grads, local_sqr):
-        """One worker: mean squared norm and squared norm of the mean over
-        this step's and the previous step's gradient (M = 2)."""
-        state = self._adapt_state
-        if state.prev_grads is None:
-            with tf.init_scope():
-                state.prev_grads = [
-                    tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False, name="prev_grad")
-                    for g in grads
-                ]
-                state.prev_sqr = tf.Variable(0.0, trainable=False, name="prev_sqr")
-                state.have_prev = tf.Variable(False, trainable=False, name="have_prev")
-        _, sum_sqr = ops.squared_norms([g + p for g, p in zip(grads, state.prev_grads)])
-        pair_local = 0.5 * (local_sqr + state.prev_sqr)
+    def _ka_pair_with_previous(self, grads, local_sqr, inv_batch, update_index):
+        """One worker: the measurement from this update's gradient paired with
+        the previous update's (M = 2, sizes b_prev and b; unbiased for unequal
+        sizes through the mean of the inverse sizes).
+
+        Returns ``(local_sqr, total_sqr, inv_batch, valid)`` of the pair;
+        ``valid`` holds when the stored gradient is the previous update's."""
+        prev = self._ka_previous(grads)
+        _, sum_sqr = ops.squared_norms([g + p for g, p in zip(grads, prev.grads)])
+        pair_local = 0.5 * (local_sqr + prev.sqr)
         pair_total = 0.25 * sum_sqr
-        valid = tf.identity(state.have_prev)
-        with tf.control_dependencies([pair_local, pair_total, valid]):
-            finite = tf.math.is_finite(local_sqr)
+        pair_inv = 0.5 * (inv_batch + prev.inv_batch)
+        valid = prev.stored & tf.equal(prev.update_index + 1, tf.cast(update_index, tf.int64))
+        return pair_local, pair_total, pair_inv, valid
 
-            def remember():
-                for p, g in zip(state.prev_grads, grads):
-                    p.assign(g)
-                state.prev_sqr.assign(local_sqr)
-                state.have_prev.assign(True)
-                return tf.constant(True)
+    def _ka_previous(self, grads):
+        """The one-worker store of the previous update's gradient (made on first use)."""
+        state = self._adapt_state
+        if state.previous is None:
+            state.previous = _PreviousGradient(grads)
+        return state.previous
 
-            stored = tf.cond(finite, remember, lambda: tf.constant(False))
-        return pair_local, pair_total, valid, stored
+    def _ka_maybe_remember(self, grads, local_sqr, inv_batch, update_index):
+        """One worker: keeps this update's gradient when the next update is
+        measured (every update at stats_interval=1), for the pair."""
+        prev = self._ka_previous(grads)
+        stats = self._adapt_state.statistics
+        wanted = stats.due(tf.cast(update_index, tf.int64) + 1) & tf.math.is_finite(local_sqr)
+
+        def remember():
+            for p, g in zip(prev.grads, grads):
+                p.assign(g)
+            prev.sqr.assign(local_sqr)
+            prev.inv_batch.assign(inv_batch)
+            prev.update_index.assign(tf.cast(update_index, tf.int64))
+            prev.stored.assign(True)
+            return tf.constant(True)
+
+        return tf.cond(wanted, remember, lambda: tf.constant(False))
 
     def _ka_distributed_apply(self, grads, variables, apply_fn):
         """Averages ``grads`` across workers, updates the statistics, then
@@ -260,6 +293,7 @@ class _DistributedCore:
         branch and the collective inside it matches up."""
         state = self._adapt_state
         acc = state.accumulation
+        stats = state.statistics
         present = [i for i, g in enumerate(grads) if g is not None]
         if acc.grads is None:
             with tf.init_scope():
@@ -271,9 +305,12 @@ class _DistributedCore:
         local = [grads[i] for i in present]
         for a, g in zip(acc.grads, local):
             a.assign_add(g)
-        if state.statistics is not None and local:
-            _, sqr = ops.squared_norms(local)
-            acc.local_sqr.assign_add(sqr)
+        if stats is not None and local:
+            # The micro-steps' squared norms, inverse sizes and sizes, for the
+            # update they make up (its index does not change until it applies).
+            acc.local_sqr.assign_add(self._ka_local_sqr(local, tf.cast(self.iterations, tf.int64)))
+            acc.inv_batch.assign_add(stats.inverse_batch_size())
+            acc.samples.assign_add(tf.cast(stats.batch_size, tf.float32))
         count = acc.count.assign_add(1)
 
         def update():
@@ -282,23 +319,43 @@ class _DistributedCore:
             for i, a in zip(present, acc.grads):
                 mean[i] = a / tf.cast(n, a.dtype)
             applied = self._ka_reduce_and_apply(
-                mean, apply_fn, local_sqr=acc.local_sqr / n, micro_steps=count)
+                mean, apply_fn, local_sqr=acc.local_sqr / n, inv_batch=acc.inv_batch / n,
+                samples=acc.samples, micro_steps=count)
             with tf.control_dependencies([applied]):
                 for a in acc.grads:
                     a.assign(tf.zeros_like(a))
-                acc.local_sqr.assign(0.0)
+                for v in (acc.local_sqr, acc.inv_batch, acc.samples):
+                    v.assign(0.0)
                 acc.count.assign(0)
             return tf.constant(True)
 
         # Compare with >=: a k lowered mid-accumulation applies at once.
         return tf.cond(count >= acc.steps, update, lambda: tf.constant(False))
 
-    def _ka_reduce_and_apply(self, grads, apply_fn, local_sqr=None, micro_steps=None):
-        """One collective for the gradients (and the monitoring scalar), the
-        statistics, then the (skippable) update. ``local_sqr`` and
-        ``micro_steps`` describe accumulated gradients: the mean over the
-        micro-steps of their squared norms, and their number."""
+    def _ka_local_sqr(self, local, update_index):
+        """This worker's squared gradient norm, where it is needed: on every
+        update with skip_nonfinite (it is the non-finite check), else on
+        measured updates and, for one worker, on the update before (0 on
+        the others, where nothing reads it)."""
         state = self._adapt_state
+        if state.skip_nonfinite:
+            return ops.squared_norms(local)[1]
+        stats = state.statistics
+        need = stats.due(update_index)
+        if _hvd.size() == 1:
+            need = need | stats.due(update_index + 1)
+        return tf.cond(need, lambda: ops.squared_norms(local)[1], lambda: tf.constant(0.0))
+
+    def _ka_reduce_and_apply(self, grads, apply_fn, local_sqr=None, inv_batch=None,
+                             samples=None, micro_steps=None):
+        """One collective for the gradients (and the monitoring scalars), the
+        statistics on measured updates, then the (skippable) update.
+
+        ``local_sqr``, ``inv_batch``, ``samples`` and ``micro_steps`` describe
+        accumulated gradients: the mean over the micro-steps of their squared
+        norms and of their inverse sizes, their total size, and their number."""
+        state = self._adapt_state
+        stats = state.statistics
         present = [i for i, g in enumerate(grads) if g is not None]
         local = [grads[i] for i in present]
         num_workers = _hvd.size()
@@ -314,47 +371,55 @@ class _DistributedCore:
             self._ka_after_update()
             return out
 
-        if state.statistics is None or not local:
+        if stats is None or not local:
             apply(with_averaged(_hvd.grouped_allreduce_average(local)))
             return tf.constant(True)
 
-        own_sqr = None
+        update_index = tf.cast(self.iterations, tf.int64)
+        measured = stats.due(update_index)
         if local_sqr is None:
-            _, own_sqr = ops.squared_norms(local)
-            local_sqr = own_sqr
-        reduced = _hvd.grouped_allreduce_average(local + [local_sqr])
-        mean_local_sqr, reduced = reduced[-1], reduced[:-1]
-        deps = []
-        if micro_steps is None and num_workers >= 2:
+            # The local squared norm is also the non-finite check, so with
+            # skip_nonfinite it is taken on every update; otherwise only on
+            # measured ones (and on the update before, for one worker's pair).
+            local_sqr = self._ka_local_sqr(local, update_index)
+            inv_batch = stats.inverse_batch_size()
+            samples = tf.cast(stats.batch_size, tf.float32)
+        # This worker's measurement rides in the gradients' grouped allreduce
+        # on every update (the one collective must match on every rank).
+        reduced = _hvd.grouped_allreduce_average(local + [tf.stack([local_sqr, inv_batch, samples])])
+        mean_local_sqr, mean_inv_batch, mean_samples = tf.unstack(reduced[-1])
+        reduced = reduced[:-1]
+        global_batch = tf.cast(num_workers, tf.float32) * mean_samples
+        m = tf.cast(num_workers, tf.int64)
+        if micro_steps is not None:
+            m = m * micro_steps
+
+        def measure():
+            # Every rank takes this branch at the same update (same count, same
+            # interval), and it holds no collective.
             _, total_sqr = ops.squared_norms(reduced)
-            deps.append(state.statistics.update(mean_local_sqr, total_sqr, num_gradients=num_workers))
-        elif micro_steps is None:
-            pair_local, pair_total, valid, stored = self._ka_single_worker_total(reduced, local_sqr)
-            deps.append(state.statistics.update(
-                pair_local, pair_total, num_gradients=2, valid=valid, batches_per_step=1
-            ))
-            deps.append(stored)
-        else:
-            # N workers x k micro-steps = N*k micro-gradients of b samples each.
-            _, total_sqr = ops.squared_norms(reduced)
-            m = tf.cast(num_workers, tf.int64) * micro_steps
             if num_workers >= 2:
-                deps.append(state.statistics.update(mean_local_sqr, total_sqr, num_gradients=m))
-            else:
-                # One worker and k = 1 gives a single gradient: fall back to
-                # differencing consecutive updates (biased, as without
-                # accumulation); k >= 2 gives the unbiased M = k estimate.
-                pair_local, pair_total, valid, stored = self._ka_single_worker_total(
-                    reduced, local_sqr)
-                several = m >= 2
-                deps.append(state.statistics.update(
-                    tf.where(several, mean_local_sqr, pair_local),
-                    tf.where(several, total_sqr, pair_total),
-                    num_gradients=tf.where(several, m, tf.constant(2, tf.int64)),
-                    valid=several | valid,
-                    batches_per_step=tf.where(several, m, tf.constant(1, tf.int64)),
-                ))
-                deps.append(stored)
+                return stats.update(mean_local_sqr, total_sqr, m, inv_batch=mean_inv_batch,
+                                    global_batch=global_batch)
+            # One worker: with k >= 2 micro-steps the k micro-gradients give
+            # the unbiased estimate; with one gradient per update, pair it
+            # with the previous update's (biased while the weights move).
+            pair_local, pair_total, pair_inv, pair_valid = self._ka_pair_with_previous(
+                reduced, local_sqr, inv_batch, update_index)
+            several = m >= 2
+            return stats.update(
+                tf.where(several, mean_local_sqr, pair_local),
+                tf.where(several, total_sqr, pair_total),
+                num_gradients=tf.where(several, m, tf.constant(2, tf.int64)),
+                inv_batch=tf.where(several, mean_inv_batch, pair_inv),
+                global_batch=global_batch,
+                valid=several | pair_valid,
+            )
+
+        deps = [tf.cond(measured, measure, lambda: tf.constant(False))]
+        if num_workers == 1:
+            with tf.control_dependencies(deps):  # the pair reads before this overwrites
+                deps.append(self._ka_maybe_remember(reduced, local_sqr, inv_batch, update_index))
 
         averaged = with_averaged(reduced)
         if not state.skip_nonfinite:
@@ -552,6 +617,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     ema_decay=0.99,
     batch_size=None,
     skip_nonfinite=True,
+    stats_interval=DEFAULT_STATS_INTERVAL,
 ):
     """Wraps a Keras optimizer to average gradients over Horovod workers and
     measure gradient statistics in the same step.
@@ -591,7 +657,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     """
     optimizer = _validate(optimizer, gradient_stats, skip_nonfinite)
     # Validates ema_decay and batch_size before any class is made.
-    GradientStatistics.check_arguments(ema_decay, batch_size)
+    GradientStatistics.check_arguments(ema_decay, batch_size, stats_interval)
     _hvd.ensure_initialized()
 
     base = type(optimizer)
@@ -602,7 +668,8 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     else:
         bindings = (_Keras2LearningRate, _Keras2Binding)
     settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
-                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite}
+                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite,
+                "stats_interval": stats_interval}
     # Same name and module as the wrapped class: a saved model then records a
     # plain optimizer, which loads anywhere (re-wrap it for distributed use).
     cls = type(base.__name__, (*bindings, base),

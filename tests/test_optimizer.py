@@ -79,6 +79,89 @@ def test_single_worker_noise_scale_from_consecutive_steps():
         assert r[key] == pytest.approx(truth[key], rel=0.10), key
 
 
+def _ema(values, decay):
+    """The bias-corrected EMA GradientStatistics keeps, in numpy."""
+    ema = 0.0
+    for v in values:
+        ema = decay * ema + (1 - decay) * v
+    return ema / (1 - decay ** len(values))
+
+
+def _remainder_fit(model, x, y, epochs, decay=0.998, **opt_kwargs):
+    """lr = 0 (weights fixed), batch 64 with a remainder batch, shuffled."""
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=decay,
+                                           **opt_kwargs)
+    model.compile(opt, "mse")
+    # Under a global seed (set_random_seed) Keras 3 draws the same last
+    # batches in every epoch, so the pairs around the remainder would not be
+    # independent draws; unseeded shuffling is what the estimate assumes.
+    tf.random.set_seed(None)
+    with pytest.warns(RuntimeWarning, match="one worker"):
+        history = model.fit(x, y, batch_size=64, epochs=epochs, shuffle=True, verbose=0,
+                            callbacks=[GradientStatsMonitor(interval=50)])
+    return opt.gradient_statistics.result(), history.history
+
+
+def _brute_force(per_sample):
+    """|G|^2 and tr(Sigma) of a finite data set from its per-sample gradients
+    (rows). tr(Sigma) with ddof=1: consecutive batches of one epoch are drawn
+    without replacement, for which E|g1 - g2|^2 = tr(S_{n-1}) (1/b1 + 1/b2)."""
+    per_sample = np.asarray(per_sample, np.float64)
+    mean = per_sample.mean(axis=0)
+    grad_sqr = float(mean @ mean)
+    grad_var = float(per_sample.var(axis=0, ddof=1).sum())
+    return {"grad_sqr": grad_sqr, "grad_var": grad_var, "gns": grad_var / grad_sqr}
+
+
+def test_single_worker_remainder_batch_linear_regression_against_brute_force():
+    # fit(x, y, batch_size=64, shuffle=True) on 20 full batches and one of 5:
+    # the pairs (64, 5) and (5, 64) must not bias the estimate (a single
+    # batch size for both made grad_var about 30% high here).
+    dim, full, rest = 8, 20, 5
+    n = full * 64 + rest
+    rng = np.random.default_rng(5)
+    w_true = rng.standard_normal(dim)
+    delta = rng.standard_normal(dim)
+    w0 = w_true + np.sqrt(2.0) * delta / np.linalg.norm(delta)
+    x, y = linear_regression(n, dim, w_true, seed=21)
+    model = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(1, use_bias=False)])
+    model.layers[0].set_weights([w0.reshape(dim, 1).astype(np.float32)])
+    epochs = 60
+    r, history = _remainder_fit(model, x, y, epochs)
+    xd = x.astype(np.float64)
+    residual = xd @ w0 - y.ravel().astype(np.float64)
+    truth = _brute_force(2.0 * xd * residual[:, None])  # d/dw of (x.w - y)^2
+    steps = epochs * (full + 1)
+    assert r["updates"] == steps - 1  # every update but the first is a pair
+    for key in ("grad_sqr", "grad_var", "gns"):
+        assert r[key] == pytest.approx(truth[key], rel=0.10), (key, r[key], truth[key])
+    # grad_snr uses the batch the statistics describe: the moving average of
+    # the updates' batches (20 of 64 and one of 5 per epoch), not the last 5.
+    batches = ([64] * full + [rest]) * epochs
+    assert r["batch_size"] == rest  # the last update's own batch
+    assert r["snr_batch_size"] == pytest.approx(_ema(batches[1:], 0.998), rel=1e-6)
+    assert 60 < r["snr_batch_size"] < 63
+    assert history["grad_snr"][-1] == pytest.approx(r["snr_batch_size"] / r["gns"], rel=1e-9)
+
+
+def test_single_worker_remainder_batch_mlp_against_per_sample_gradients():
+    # A small nonlinear model at fixed weights; the truth is computed from
+    # every sample's own gradient (tf.GradientTape jacobian).
+    dim, full, rest = 8, 20, 5
+    n = full * 64 + rest
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    y = (np.sin(x[:, :1] * 2.0) + x[:, 1:2] ** 2 + 0.3 * rng.standard_normal((n, 1))).astype(np.float32)
+    model = _mlp(seed=4)
+    with tf.GradientTape() as tape:
+        losses = tf.square(model(x)[:, 0] - y[:, 0])
+    jac = tape.jacobian(losses, model.trainable_variables)
+    truth = _brute_force(np.concatenate([np.reshape(j, (n, -1)) for j in jac], axis=1))
+    r, _ = _remainder_fit(model, x, y, epochs=60)
+    for key in ("grad_sqr", "grad_var", "gns"):
+        assert r[key] == pytest.approx(truth[key], rel=0.10), (key, r[key], truth[key])
+
+
 def _train(gradient_stats, epochs=2, nan_batch=None):
     x, y = _data()
     if nan_batch is not None:

@@ -1,21 +1,29 @@
 """In-graph gradient statistics: |G|^2, tr(Sigma), the noise scale and the SNR.
 
 The estimators are those of McCandlish et al. 2018 ("An Empirical Model of
-Large-Batch Training", App. A). Given M independent micro-gradients g_m, each
-the mean over b samples, with
+Large-Batch Training", App. A), generalised to micro-gradients of unequal
+size. Given M independent micro-gradients g_m at the same weights, g_m the
+mean over b_m samples (so E g_m = G and Cov g_m = Sigma / b_m), with
 
     local_sqr = mean_m |g_m|^2        total_sqr = |mean_m g_m|^2
+    h         = mean_m 1/b_m          (1/h is the harmonic mean batch)
 
-the unbiased estimates of the true gradient's squared norm and of the trace
-of the per-sample gradient covariance are
+the expectations are E local_sqr = |G|^2 + h tr(Sigma) and
+E total_sqr = |G|^2 + h tr(Sigma) / M, so the unbiased estimates are
 
     |G|^2 = (M * total_sqr - local_sqr) / (M - 1)
-    tr(S) = b * M * (local_sqr - total_sqr) / (M - 1)
+    tr(S) = M * (local_sqr - total_sqr) / ((M - 1) * h)
 
-which are DESIGN.md's (B*total - b*local)/(B - b) and
-(local - total)/(1/b - 1/B) with B = M*b. Each is unbiased, their ratio is not,
-so each gets its own bias-corrected exponential moving average and the noise
-scale is the ratio of the averages: B_simple = EMA(tr S) / EMA(|G|^2).
+With equal sizes (h = 1/b) these are DESIGN.md's (B*total - b*local)/(B - b)
+and (local - total)/(1/b - 1/B) with B = M*b. For M = 2 they read
+|G|^2 = g_1 . g_2 and tr(S) = |g_1 - g_2|^2 / (1/b_1 + 1/b_2): one worker
+pairing a full batch with an epoch's smaller last batch stays unbiased.
+
+Each estimate is unbiased, their ratio is not, so each gets its own
+bias-corrected exponential moving average and the noise scale is the ratio
+of the averages: B_simple = EMA(tr S) / EMA(|G|^2). The SNR compares
+B_simple with the global batch of the measured updates, averaged the same
+way (see :meth:`GradientStatistics.result`).
 
 Everything here runs inside the compiled train function and lives in
 ``tf.Variable``s; callbacks read them every few steps without a collective.
@@ -31,15 +39,20 @@ _F64 = tf.float64
 class GradientStatistics(tf.Module):
     """State and update rule of the in-graph gradient statistics.
 
-    ``DistributedOptimizer`` owns one of these and calls :meth:`update` once
-    per optimizer step; :meth:`result` reads the current estimates on the host.
+    ``DistributedOptimizer`` owns one of these and calls :meth:`update` on
+    every measured optimizer update (one in ``interval``); :meth:`result`
+    reads the current estimates on the host.
 
     Args:
-        ema_decay: decay of the exponential moving averages, in (0, 1).
-            0.99 averages over roughly the last 100 steps.
+        ema_decay: decay of the exponential moving averages, in (0, 1), per
+            measurement. 0.99 averages over roughly the last 100
+            measurements, i.e. about ``100 * interval`` updates.
         batch_size: the per-worker micro-batch size b if fixed and known;
             otherwise it is recorded from the data each step (see
             ``GradientStatsMonitor``).
+        interval: measure one optimizer update in ``interval`` (a positive
+            int). Kept in a variable: :meth:`set_interval` changes it without
+            retracing the train function.
 
     Example:
 
@@ -49,13 +62,13 @@ class GradientStatistics(tf.Module):
     >>> # two workers: mean of |g_i|^2 = 5, |mean g|^2 = 4
     >>> _ = stats.update(tf.constant(5.0), tf.constant(4.0), num_gradients=2)
     >>> r = stats.result()
-    >>> r["grad_sqr"], r["grad_var"], r["gns"]   # |G|^2=3, tr(S)=8*2*1/1=16
+    >>> r["grad_sqr"], r["grad_var"], r["gns"]   # |G|^2=3, tr(S)=2*1/(1*(1/8))=16
     (3.0, 16.0, 5.333333333333333)
     """
 
-    def __init__(self, ema_decay=0.99, batch_size=None, name="gradient_statistics"):
+    def __init__(self, ema_decay=0.99, batch_size=None, interval=1, name="gradient_statistics"):
         super().__init__(name=name)
-        self.check_arguments(ema_decay, batch_size)
+        self.check_arguments(ema_decay, batch_size, interval)
         self.ema_decay = float(ema_decay)
         self.fixed_batch_size = batch_size
         with tf.init_scope(), tf.name_scope(name):
@@ -63,17 +76,17 @@ class GradientStatistics(tf.Module):
                 return tf.Variable(value, dtype=dtype, trainable=False, name=vname)
 
             self.batch_size = var(batch_size or 0, tf.int64, "batch_size")
+            self.interval = var(interval, tf.int64, "interval")
             self.ema_grad_sqr = var(0.0, _F64, "ema_grad_sqr")
             self.ema_grad_var = var(0.0, _F64, "ema_grad_var")
+            self.ema_global_batch = var(0.0, _F64, "ema_global_batch")
             self.updates = var(0, tf.int64, "updates")
             self.nonfinite = var(0, tf.int64, "nonfinite")
             self.global_batch = var(0.0, _F64, "global_batch")
-            self.last_local_sqr = var(0.0, _F64, "last_local_sqr")
-            self.last_total_sqr = var(0.0, _F64, "last_total_sqr")
 
     @staticmethod
-    def check_arguments(ema_decay, batch_size):
-        """Raises a ``ValueError`` naming the fix for a bad ``ema_decay`` or ``batch_size``.
+    def check_arguments(ema_decay, batch_size, interval=1):
+        """Raises a ``ValueError`` naming the fix for a bad ``ema_decay``, ``batch_size`` or ``interval``.
 
         Example:
 
@@ -97,58 +110,101 @@ class GradientStatistics(tf.Module):
                 f"batch_size={batch_size!r} is not valid; use a positive int (the "
                 "per-worker batch size) or None to record it from the data"
             )
+        _check_interval(interval)
+
+    def set_interval(self, interval):
+        """Measures one update in ``interval`` from now on (no retrace).
+
+        Example:
+
+        >>> from keras_adapt.monitors import GradientStatistics
+        >>> stats = GradientStatistics(interval=4)
+        >>> stats.set_interval(1)
+        >>> int(stats.interval.numpy())
+        1
+        """
+        _check_interval(interval)
+        self.interval.assign(interval)
+
+    def due(self, update_index):
+        """Whether update number ``update_index`` (0-based) is measured (in-graph).
+
+        The one rule for which updates are measured: every ``interval``-th,
+        starting with the first. Every rank reads the same update count and
+        interval, so every rank takes the same branch.
+        """
+        return tf.math.floormod(tf.cast(update_index, tf.int64), self.interval) == 0
 
     def record_batch_size(self, batch_size):
         """Records the per-worker batch size b of the current step (in-graph)."""
         if self.fixed_batch_size is None:
             self.batch_size.assign(tf.cast(batch_size, tf.int64))
 
-    def update(self, local_sqr, total_sqr, num_gradients, valid=True, batches_per_step=None):
-        """Folds one step's measurements into the averages (in-graph).
+    def inverse_batch_size(self):
+        """1/b of the current step as float32 (0 while b is unknown), in-graph.
+
+        The optimizer averages it over the micro-gradients of an update (over
+        workers in the same collective as the gradients, over micro-steps by
+        accumulating) to get the ``inv_batch`` of :meth:`update`.
+        """
+        b = tf.cast(self.batch_size, tf.float32)
+        return tf.where(b > 0.0, 1.0 / tf.maximum(b, 1.0), 0.0)
+
+    def update(self, local_sqr, total_sqr, num_gradients, inv_batch=None, global_batch=None,
+               valid=True):
+        """Folds one update's measurements into the averages (in-graph).
 
         Args:
             local_sqr: mean over the M micro-gradients of their squared norms.
-            total_sqr: squared norm of the mean gradient.
+            total_sqr: squared norm of the (unweighted) mean of the
+                micro-gradients.
             num_gradients: M, the number of independent micro-gradients that
-                were averaged (workers x accumulation steps). Must be >= 2;
-                a python int or scalar tensor.
+                were averaged (workers x accumulation steps, or 2 for one
+                worker pairing consecutive updates). Must be >= 2; a python
+                int or scalar tensor.
+            inv_batch: h, the mean over the M micro-gradients of 1/b_m
+                (default: 1/b of the recorded batch size, i.e. all of size b).
+                0 means unknown.
+            global_batch: the number of samples in the measured update's
+                gradient (default: M * b). One worker pairing two updates has
+                M = 2 but a global batch of its own b.
             valid: optional boolean (tensor) that must also hold for the
                 measurement to be used (e.g. "a previous gradient exists").
-            batches_per_step: how many micro-batches of size b make one
-                optimizer step's global batch B (default: num_gradients).
-                One worker differencing two steps has M = 2 but B = b.
 
         Returns:
             A boolean scalar tensor: True when the measurements were finite and
-            entered the averages; False when they were skipped and counted in
-            ``nonfinite``. Steps with an unknown batch size (b = 0) are skipped
-            without being counted as non-finite.
+            entered the averages; False when they were skipped (non-finite ones
+            are counted in ``nonfinite``). Measurements with an unknown batch
+            size (h = 0) are skipped without being counted as non-finite.
         """
         local_sqr = tf.cast(local_sqr, _F64)
         total_sqr = tf.cast(total_sqr, _F64)
         m = tf.cast(num_gradients, _F64)
-        per_step = m if batches_per_step is None else tf.cast(batches_per_step, _F64)
-        b = tf.cast(self.batch_size, _F64)
+        if inv_batch is None:
+            inv_batch = self.inverse_batch_size()
+        h = tf.cast(inv_batch, _F64)
+        if global_batch is None:
+            global_batch = m * tf.cast(self.batch_size, _F64)
+        global_batch = tf.cast(global_batch, _F64)
         finite = tf.math.is_finite(local_sqr) & tf.math.is_finite(total_sqr)
-        # m >= 2 is guaranteed by the callers; the maximum only keeps the
-        # untaken branch free of a division by zero.
+        # m >= 2 and h > 0 are checked in `usable`; the maxima only keep the
+        # unused value free of a division by zero.
         denom = tf.maximum(m - 1.0, 1.0)
         grad_sqr = (m * total_sqr - local_sqr) / denom
-        grad_var = b * m * (local_sqr - total_sqr) / denom
-        usable = finite & (b > 0) & (m >= 2.0) & tf.cast(valid, tf.bool)
+        grad_var = m * (local_sqr - total_sqr) / (denom * tf.where(h > 0.0, h, 1.0))
+        usable = finite & (h > 0.0) & (m >= 2.0) & tf.cast(valid, tf.bool)
         beta = tf.constant(self.ema_decay, _F64)
 
-        # Branch-free: no tf.cond (and its branch functions) on the per-step
-        # path for a handful of scalars. tf.where keeps the old value when the
-        # measurement is unusable, so a NaN never enters an average.
+        # Branch-free: no tf.cond (and its branch functions) for a handful of
+        # scalars. tf.where keeps the old value when the measurement is
+        # unusable, so a NaN never enters an average.
         def keep_or(var, new):
             var.assign(tf.where(usable, new, var.read_value()))
 
         keep_or(self.ema_grad_sqr, beta * self.ema_grad_sqr + (1.0 - beta) * grad_sqr)
         keep_or(self.ema_grad_var, beta * self.ema_grad_var + (1.0 - beta) * grad_var)
-        keep_or(self.global_batch, per_step * b)
-        keep_or(self.last_local_sqr, local_sqr)
-        keep_or(self.last_total_sqr, total_sqr)
+        keep_or(self.ema_global_batch, beta * self.ema_global_batch + (1.0 - beta) * global_batch)
+        keep_or(self.global_batch, global_batch)
         self.updates.assign_add(tf.cast(usable, tf.int64))
         self.nonfinite.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         return usable
@@ -158,8 +214,16 @@ class GradientStatistics(tf.Module):
 
         Returns a dict of python floats with the DESIGN.md log keys:
         ``grad_sqr`` (|G|^2), ``grad_var`` (tr Sigma, per sample), ``gns``
-        (B_simple), ``grad_snr`` (B / B_simple), plus ``batch_size`` (global
-        batch B of the last update), ``updates`` and ``nonfinite`` counts.
+        (B_simple) and ``grad_snr`` (B / B_simple), plus ``batch_size`` (the
+        global batch of the last measured update), ``snr_batch_size`` (the B
+        of ``grad_snr``), ``updates`` and ``nonfinite`` counts.
+
+        B of ``grad_snr`` is the moving average of the measured updates'
+        global batches, with the same decay and bias correction as the
+        statistics: the batch the statistics describe. An epoch's smaller
+        last batch then moves it by ``1 - ema_decay`` of the difference, not
+        to its own size.
+
         Before the first update the estimates are NaN. A non-positive
         EMA(|G|^2) means the signal is not yet resolved from the noise: the
         noise scale is reported as +inf and the SNR as 0.
@@ -172,24 +236,34 @@ class GradientStatistics(tf.Module):
         }
         if updates == 0:
             nan = float("nan")
-            out.update(grad_sqr=nan, grad_var=nan, gns=nan, grad_snr=nan)
+            out.update(grad_sqr=nan, grad_var=nan, gns=nan, grad_snr=nan, snr_batch_size=nan)
             return out
         correction = 1.0 - self.ema_decay ** updates
         grad_sqr = float(self.ema_grad_sqr.numpy()) / correction
         grad_var = float(self.ema_grad_var.numpy()) / correction
+        batch = float(self.ema_global_batch.numpy()) / correction
         if grad_sqr > 0.0:
             # A negative variance estimate means no noise is resolved yet.
             gns = max(grad_var, 0.0) / grad_sqr
-            snr = out["batch_size"] / gns if gns > 0 else math.inf
+            snr = batch / gns if gns > 0 else math.inf
         else:
             gns, snr = math.inf, 0.0
-        out.update(grad_sqr=grad_sqr, grad_var=grad_var, gns=gns, grad_snr=snr)
+        out.update(grad_sqr=grad_sqr, grad_var=grad_var, gns=gns, grad_snr=snr,
+                   snr_batch_size=batch)
         return out
 
     def reset(self):
         """Forgets all measurements (e.g. after the model changed a lot)."""
-        for v in (self.ema_grad_sqr, self.ema_grad_var, self.global_batch,
-                  self.last_local_sqr, self.last_total_sqr):
+        for v in (self.ema_grad_sqr, self.ema_grad_var, self.ema_global_batch, self.global_batch):
             v.assign(tf.zeros_like(v))
         self.updates.assign(0)
         self.nonfinite.assign(0)
+
+
+def _check_interval(interval):
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ValueError(
+            f"stats_interval={interval!r} is not valid; use a positive int: the "
+            "statistics are measured on one optimizer update in that many "
+            "(1 measures every update)"
+        )
