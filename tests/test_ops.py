@@ -149,3 +149,56 @@ def test_use_implementation_switches_for_the_block_only():
     with pytest.raises(ValueError, match="use 'native' or 'twin'"):
         with ops.use_implementation("gpu"):
             pass
+
+
+GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
+CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+@pytest.mark.parametrize("names,scope,gpus,expected", [
+    ([CPU, CPU], "", False, True),
+    ([GPU], "", True, False),            # gradients on a GPU: the twin runs there
+    ([CPU, GPU], "", True, False),       # any tensor off the CPU
+    (["/device:TPU:0"], "", False, False),
+    (["", ""], "", False, True),         # not placed yet, no GPU visible: CPU
+    (["", ""], "", True, False),         # not placed yet, a GPU visible: TF places there
+    (["", CPU], "/device:GPU:0", False, False),  # the tf.device scope decides
+    ([""], "/device:CPU:0", True, True),
+])
+def test_auto_runs_the_cpu_kernel_only_on_cpu_tensors(monkeypatch, names, scope, gpus, expected):
+    monkeypatch.setenv("KERAS_ADAPT_OPS", "auto")
+    assert _loader.native_fits(names, scope, gpus_visible=gpus) is expected
+
+
+def test_forced_native_runs_anywhere(monkeypatch):
+    monkeypatch.setenv("KERAS_ADAPT_OPS", "native")
+    assert _loader.native_fits([GPU], gpus_visible=True)
+
+
+def _traced_op_types(device):
+    @tf.function
+    def f(a, b):
+        if device is None:
+            return ops.squared_norms([a * 2.0, b])
+        with tf.device(device):
+            return ops.squared_norms([a * 2.0, b])
+
+    graph = f.get_concrete_function(tf.TensorSpec([3]), tf.TensorSpec([2, 2])).graph
+    return {op.type for op in graph.get_operations()}
+
+
+def test_traced_graph_uses_the_twin_under_a_gpu_device_scope():
+    # Tracing needs no GPU: the choice is made from the placement requested.
+    assert "KerasAdaptSquaredNorms" in _traced_op_types(None)  # this machine: CPU only
+    assert "KerasAdaptSquaredNorms" in _traced_op_types("/device:CPU:0")
+    on_gpu = _traced_op_types("/device:GPU:0")
+    assert "KerasAdaptSquaredNorms" not in on_gpu and "Square" in on_gpu
+
+
+def test_placement_of_eager_tensors_follows_their_device():
+    with tf.device("/CPU:0"):
+        t = tf.ones([4])
+    assert t.device.endswith("CPU:0")
+    assert ops.placement([t]) == "native"
+    with ops.use_implementation("twin"):
+        assert ops.placement([t]) == "twin"

@@ -1,9 +1,12 @@
 """keras-adapt's TensorFlow ops: compiled C++ kernels with pure-TF twins.
 
 Every op here has two implementations with the same signature and results:
-the compiled kernel from ``csrc/`` and a pure-TensorFlow twin. Which one runs
-is decided once per process (see :mod:`keras_adapt.ops._loader`); use
-:func:`implementation` to ask.
+the compiled kernel from ``csrc/`` (CPU only) and a pure-TensorFlow twin
+(any device). Whether the kernel is loaded is decided once per process
+(:func:`implementation`); which one runs on given tensors is decided when
+they are traced, from their devices (:func:`placement`): the twin for
+tensors on a GPU, so gradients are never copied to the host (see
+:mod:`keras_adapt.ops._loader`).
 
 Example:
 
@@ -17,11 +20,11 @@ Example:
 import contextlib
 
 from keras_adapt.ops import _loader
-from keras_adapt.ops.squared_norms import squared_norms, squared_norms_twin
+from keras_adapt.ops.squared_norms import placement, squared_norms, squared_norms_twin
 
 
 def implementation():
-    """Which implementation the ops use in this process: ``"native"`` or ``"twin"``.
+    """Which implementation the ops use in this process for CPU tensors: ``"native"`` or ``"twin"``.
 
     Example:
 
@@ -52,4 +55,5 @@ def use_implementation(name):
         yield
 
 
-__all__ = ["implementation", "squared_norms", "squared_norms_twin", "use_implementation"]
+__all__ = ["implementation", "placement", "squared_norms", "squared_norms_twin",
+           "use_implementation"]

@@ -2,11 +2,20 @@
 
 Chosen by the environment variable ``KERAS_ADAPT_OPS``:
 
-* ``auto`` (default): the compiled library if it loads, otherwise the
-  pure-TensorFlow twin with one warning that says why;
-* ``native``: the compiled library or an ``ImportError`` (for CI and
-  benchmarks that must not silently measure the twin);
+* ``auto`` (default): the compiled library for tensors on the CPU, if it
+  loads (otherwise the pure-TensorFlow twin, with one warning that says why);
+  the twin for tensors on any other device (GPU, TPU), so a gradient is
+  never copied off its device -- the compiled kernel is CPU-only;
+* ``native``: the compiled library wherever the tensors are (off the CPU
+  TensorFlow copies them to the host), or an ``ImportError`` if it does not
+  load (for CI and benchmarks that must not silently measure the twin);
 * ``twin``: always the pure-TensorFlow twin.
+
+Where the tensors are is decided when a function is traced: from the
+tensors' devices; for a tensor not yet placed (inside ``tf.function`` a
+tensor's device is often still empty) from the enclosing ``tf.device`` scope,
+and without one from the visible devices -- TensorFlow places ops on a GPU
+when one is visible.
 
 ``KERAS_ADAPT_OPS_LIBRARY`` points at a library file explicitly.
 """
@@ -78,6 +87,45 @@ def load():
     _state["module"] = module
     _state["resolved"] = True
     return module
+
+
+def _device_type(name):
+    """``"CPU"``, ``"GPU"``, ... of a device string, or None if it names no device."""
+    if not name:
+        return None
+    return tf.DeviceSpec.from_string(name).device_type or None
+
+
+def native_fits(device_names, scope_device="", gpus_visible=None):
+    """Whether the compiled (CPU-only) kernel should run on tensors placed there.
+
+    Args:
+        device_names: the tensors' device strings ("" for not yet placed).
+        scope_device: the device of the enclosing ``tf.device`` scope ("" for none).
+        gpus_visible: whether TensorFlow sees a GPU (default: asks it).
+
+    With ``KERAS_ADAPT_OPS=native`` always True; otherwise True only if
+    every tensor is (or will be placed) on the CPU.
+
+    Example:
+
+    >>> from keras_adapt.ops import _loader
+    >>> gpu = "/job:localhost/replica:0/task:0/device:GPU:0"
+    >>> _loader.native_fits([gpu], gpus_visible=True), _loader.native_fits(["/device:CPU:0"])
+    (False, True)
+    """
+    if requested_implementation() == "native":
+        return True
+    types = {_device_type(name) for name in device_names}
+    if None in types:
+        scope = _device_type(scope_device)
+        if scope is None:
+            if gpus_visible is None:
+                gpus_visible = bool(tf.config.list_logical_devices("GPU"))
+            scope = "GPU" if gpus_visible else "CPU"
+        types.discard(None)
+        types.add(scope)
+    return types == {"CPU"}
 
 
 @contextlib.contextmanager

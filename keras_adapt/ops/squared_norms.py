@@ -46,6 +46,37 @@ def squared_norms_twin(tensors):
     return per_tensor, tf.reduce_sum(per_tensor)
 
 
+def _scope_device():
+    """The device of the enclosing ``tf.device`` scope, read at trace time
+    from a probe op ("" when there is none; eagerly, where it ran)."""
+    with tf.name_scope("device_probe"):
+        return tf.zeros([]).device
+
+
+def placement(tensors):
+    """Where ``squared_norms(tensors)`` would run its kernel: ``"native"`` or ``"twin"``.
+
+    The compiled kernel is CPU-only, so under ``KERAS_ADAPT_OPS=auto`` tensors
+    on a GPU (or TPU) get the twin, which runs where they are; see
+    :mod:`keras_adapt.ops._loader` for how the devices are found.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from keras_adapt import ops
+    >>> with tf.device("/CPU:0"):
+    ...     t = tf.ones([3])
+    >>> ops.placement([t]) == ops.implementation()
+    True
+    """
+    tensors = _as_tensors(tensors)
+    if _loader.load() is None:
+        return "twin"
+    names = [t.device for t in tensors]
+    scope = "" if all(names) else _scope_device()
+    return "native" if _loader.native_fits(names, scope) else "twin"
+
+
 def squared_norms(tensors):
     """Sums of squares of a list of tensors in one fused kernel.
 
@@ -56,7 +87,8 @@ def squared_norms(tensors):
     Returns:
         ``(per_tensor, total)``: a float32 vector with ``sum(t**2)`` of each
         tensor and their float32 sum. The compiled kernel accumulates in
-        double precision; if it is not available the pure-TF twin is used.
+        double precision; it runs on CPU tensors, and the pure-TF twin runs
+        on tensors on other devices (or when the kernel is not available).
 
     Example:
 
@@ -67,8 +99,7 @@ def squared_norms(tensors):
     ([25.0, 0.0], 25.0)
     """
     tensors = _as_tensors(tensors)
-    module = _loader.load()
-    if module is None:
+    if placement(tensors) == "twin":
         return squared_norms_twin(tensors)
-    per_tensor, total = module.keras_adapt_squared_norms(tensors)
+    per_tensor, total = _loader.load().keras_adapt_squared_norms(tensors)
     return per_tensor, total
