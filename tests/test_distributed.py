@@ -77,3 +77,44 @@ def test_nan_gradient_on_one_rank_is_skipped_on_all_ranks(results):
         assert r["nan"]["finite"]
     assert results[0]["nan"]["weights"] == results[1]["nan"]["weights"]
     assert results[0]["nan"]["snapshots"] == results[1]["nan"]["snapshots"]
+
+
+def _ema(values, decay):
+    ema = 0.0
+    for v in values:
+        ema = decay * ema + (1 - decay) * v
+    return ema / (1 - decay ** len(values))
+
+
+def test_remainder_batches_of_unequal_size_on_two_workers(results):
+    # shuffle=True, 20 batches of 32 per rank, then 5 samples on rank 0 and 9
+    # on rank 1: the last update averages gradients of unequal size.
+    for r in results:
+        rem = r["remainder"]
+        measured, truth = rem["measured"], rem["truth"]
+        steps = rem["steps_per_epoch"] * rem["epochs"]
+        assert measured["updates"] == steps
+        for key in ("grad_sqr", "grad_var", "gns"):
+            assert measured[key] == pytest.approx(truth[key], rel=0.10), key
+        # grad_snr compares with the batch the statistics describe: the moving
+        # average of the updates' global batches (64, ..., 64, 14), not 14.
+        assert measured["batch_size"] == rem["last_batch"]
+        batches = ([64] * (rem["steps_per_epoch"] - 1) + [rem["last_batch"]]) * rem["epochs"]
+        assert measured["snr_batch_size"] == pytest.approx(_ema(batches, 0.998), rel=1e-6)
+        assert rem["history_grad_snr"][-1] == pytest.approx(
+            measured["snr_batch_size"] / measured["gns"], rel=1e-9)
+    assert results[0]["remainder"]["measured"] == results[1]["remainder"]["measured"]
+
+
+def test_stats_interval_measures_one_update_in_n(results):
+    for r in results:
+        iv = r["interval"]
+        first, truth = iv["measured"], iv["truth"]
+        assert first["updates"] == 600 // 4  # updates 0, 4, 8, ... of 600
+        for key in ("grad_sqr", "grad_var", "gns"):
+            assert first[key] == pytest.approx(truth[key], rel=0.10), key
+        # set_interval(1) takes effect in the same train function: 40 more
+        # updates, every one measured
+        assert iv["same_train_function"]
+        assert iv["after_set_interval_1"]["updates"] == first["updates"] + 40
+    assert results[0]["interval"] == results[1]["interval"]

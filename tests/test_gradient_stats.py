@@ -125,3 +125,68 @@ def test_bad_ema_decay(bad):
 def test_bad_batch_size(bad):
     with pytest.raises(ValueError, match="batch_size"):
         GradientStatistics(batch_size=bad)
+
+
+def test_unequal_sizes_use_the_mean_inverse_batch():
+    # One worker pairing g1 (b1 = 64) with g2 (b2 = 5): |G|^2 = g1.g2 and
+    # tr S = |g1 - g2|^2 / (1/b1 + 1/b2), from hand-made vectors.
+    g1, g2, b1, b2 = np.array([3.0, 1.0, -2.0]), np.array([1.0, 2.0, 0.5]), 64, 5
+    local = 0.5 * (g1 @ g1 + g2 @ g2)
+    total = ((g1 + g2) / 2) @ ((g1 + g2) / 2)
+    stats = GradientStatistics(ema_decay=0.5)
+    stats.update(tf.constant(local, tf.float32), tf.constant(total, tf.float32), 2,
+                 inv_batch=0.5 * (1 / b1 + 1 / b2), global_batch=b2)
+    r = stats.result()
+    assert r["grad_sqr"] == pytest.approx(g1 @ g2, rel=1e-6)
+    assert r["grad_var"] == pytest.approx((g1 - g2) @ (g1 - g2) / (1 / b1 + 1 / b2), rel=1e-6)
+    assert r["batch_size"] == b2
+
+
+def test_unequal_sizes_are_unbiased_in_expectation():
+    # Independent Gaussian micro-gradients of sizes 64, 5, 9: E g_m = G and
+    # Cov g_m = Sigma / b_m. Both estimates are linear in (local, total), so
+    # the mean estimate over many draws is the estimate of the mean draw:
+    # one update with the Monte Carlo means must give |G|^2 and tr(Sigma).
+    rng = np.random.default_rng(0)
+    dim, sizes, draws = 6, np.array([64, 5, 9]), 200_000
+    G = rng.standard_normal(dim)
+    sd = np.sqrt(np.linspace(0.5, 3.0, dim))  # diagonal Sigma, tr = sum sd^2
+    g = G + rng.standard_normal((draws, len(sizes), dim)) * sd / np.sqrt(sizes)[None, :, None]
+    local = np.mean(np.sum(g**2, axis=2))
+    total = np.mean(np.sum(np.mean(g, axis=1) ** 2, axis=1))
+    stats = GradientStatistics(ema_decay=0.5)
+    stats.update(tf.constant(local), tf.constant(total), len(sizes), inv_batch=np.mean(1 / sizes))
+    r = stats.result()
+    assert r["grad_sqr"] == pytest.approx(G @ G, rel=0.02)
+    assert r["grad_var"] == pytest.approx(np.sum(sd**2), rel=0.02)
+    # a single batch size (the largest or the smallest) would be far off
+    for b in (64, 5):
+        wrong = GradientStatistics(ema_decay=0.5, batch_size=b)
+        wrong.update(tf.constant(local), tf.constant(total), len(sizes))
+        assert abs(wrong.result()["grad_var"] / np.sum(sd**2) - 1) > 0.3
+
+
+def test_snr_uses_the_average_batch_of_the_measured_updates():
+    beta = 0.9
+    stats = GradientStatistics(ema_decay=beta, batch_size=32)
+    batches = [64, 64, 64, 10]
+    for b in batches:
+        stats.update(tf.constant(5.0), tf.constant(4.0), 2, global_batch=b)
+    r = stats.result()
+    ema = 0.0
+    for b in batches:
+        ema = beta * ema + (1 - beta) * b
+    ema /= 1 - beta ** len(batches)
+    assert r["batch_size"] == 10.0 and r["snr_batch_size"] == pytest.approx(ema)
+    assert r["grad_snr"] == pytest.approx(ema / r["gns"])
+
+
+def test_interval_decides_which_updates_are_measured():
+    stats = GradientStatistics(interval=3)
+    assert [bool(stats.due(i)) for i in range(7)] == [True, False, False, True, False, False, True]
+    stats.set_interval(2)
+    assert [bool(stats.due(i)) for i in range(4)] == [True, False, True, False]
+    with pytest.raises(ValueError, match="stats_interval=0 is not valid"):
+        stats.set_interval(0)
+    with pytest.raises(ValueError, match="stats_interval=1.5"):
+        GradientStatistics(interval=1.5)

@@ -162,6 +162,84 @@ def test_single_worker_remainder_batch_mlp_against_per_sample_gradients():
         assert r[key] == pytest.approx(truth[key], rel=0.10), (key, r[key], truth[key])
 
 
+def _fixed_linear(dim, seed=3):
+    rng = np.random.default_rng(seed)
+    w_true = rng.standard_normal(dim)
+    w0 = w_true + rng.standard_normal(dim) / np.sqrt(dim)
+    model = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(1, use_bias=False)])
+    model.layers[0].set_weights([w0.reshape(dim, 1).astype(np.float32)])
+    return model, w_true, w0
+
+
+def _counting_traces(opt):
+    traces = []
+    name = "apply" if _keras.IS_KERAS3 else "apply_gradients"
+    original = getattr(opt, name)
+
+    def counting(*args, **kwargs):
+        traces.append(1)
+        return original(*args, **kwargs)
+
+    setattr(opt, name, counting)
+    return traces
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_stats_interval_one_worker_pairs_and_set_interval_without_retrace():
+    dim, batch, steps, every = 16, 32, 801, 4
+    model, w_true, w0 = _fixed_linear(dim)
+    x, y = linear_regression(steps * batch, dim, w_true, seed=11)
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.98,
+                                           stats_interval=every)
+    traces = _counting_traces(opt)
+    model.compile(opt, "mse")
+    monitor = GradientStatsMonitor(interval=100)
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[monitor])
+    r = opt.gradient_statistics.result()
+    # updates 4, 8, ..., 800 are measured, each paired with the one before;
+    # update 0 is measured too but has no predecessor
+    assert r["updates"] == (steps - 1) // every
+    truth = linear_regression_gradient_stats(w0, w_true)
+    for key in ("grad_sqr", "grad_var", "gns"):
+        assert r[key] == pytest.approx(truth[key], rel=0.10), key
+    traced = len(traces)
+    opt.gradient_statistics.set_interval(1)
+    model.fit(x[: 40 * batch], y[: 40 * batch], batch_size=batch, epochs=1, shuffle=False,
+              verbose=0, callbacks=[monitor])
+    # every one of the 40 updates is measured now; the first pairs with
+    # update 800, which was not kept (update 801 was not to be measured)
+    assert opt.gradient_statistics.result()["updates"] == r["updates"] + 39
+    assert len(traces) == traced  # no retrace
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_stats_interval_with_accumulation_measures_whole_updates():
+    from keras_adapt.actuators import GradientAccumulation
+
+    dim, batch, k, every, updates = 16, 32, 3, 5, 600
+    model, w_true, w0 = _fixed_linear(dim, seed=4)
+    x, y = linear_regression(updates * k * batch, dim, w_true, seed=12)
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.98,
+                                           stats_interval=every)
+    model.compile(opt, "mse")
+    GradientAccumulation(model, steps=k)
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+              callbacks=[GradientStatsMonitor(interval=100)])
+    r = opt.gradient_statistics.result()
+    assert int(opt.iterations.numpy()) == updates
+    assert r["updates"] == updates // every  # updates 0, 5, ...: k = 3 micro-gradients each
+    assert r["batch_size"] == k * batch
+    truth = linear_regression_gradient_stats(w0, w_true)
+    for key in ("grad_sqr", "grad_var", "gns"):
+        assert r[key] == pytest.approx(truth[key], rel=0.10), key
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "4", True, None])
+def test_bad_stats_interval_names_the_argument(bad):
+    with pytest.raises(ValueError, match=f"stats_interval={bad!r} is not valid"):
+        keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), stats_interval=bad)
+
+
 def _train(gradient_stats, epochs=2, nan_batch=None):
     x, y = _data()
     if nan_batch is not None:

@@ -7,6 +7,11 @@ Phases (all in one launch, to keep the suite fast):
   train_off  the same with gradient_stats=False (trajectory must match)
   nan      rank 1 gets a NaN sample in one batch: the step is skipped on all
            ranks, counted, EMAs unchanged, training continues
+  remainder  fit(x, y, batch_size=32, shuffle=True) with a last batch of 5
+           samples on rank 0 and 9 on rank 1, lr=0: EMA estimates vs truth,
+           and the batch behind grad_snr
+  interval  stats_interval=4 at fixed weights: one update in four measured,
+           estimates vs truth; then set_interval(1) without a retrace
 """
 
 import argparse
@@ -127,6 +132,45 @@ results["nan"] = {
     "snapshots": snapshots,
     "weights": [w.ravel().tolist() for w in model.get_weights()],
     "finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
+}
+
+# -- remainder: unequal last batches on the two ranks ----------------------
+full, rest = 20, (5, 9)[rank % 2]
+epochs = 40
+x, y = linear_regression(full * 32 + rest, dim, w_true, noise_std=noise, seed=400 + rank)
+model = linear_model(dim, w0)
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.998)
+model.compile(opt, "mse")
+tf.random.set_seed(None)  # a global seed makes Keras draw the same last batches each epoch
+hist = model.fit(x, y, batch_size=32, epochs=epochs, shuffle=True, verbose=0,
+                 callbacks=[GradientStatsMonitor(interval=50)])
+results["remainder"] = {
+    "measured": opt.gradient_statistics.result(),
+    "truth": linear_regression_gradient_stats(w0, w_true, noise),
+    "history_grad_snr": hist.history["grad_snr"],
+    "steps_per_epoch": full + 1,
+    "epochs": epochs,
+    "last_batch": 5 + 9,
+}
+
+# -- interval: one update in four measured ----------------------------------
+x, y = linear_regression(steps * batch, dim, w_true, noise_std=noise, seed=500 + rank)
+model = linear_model(dim, w0)
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.98,
+                                       stats_interval=4)
+model.compile(opt, "mse")
+model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+          callbacks=[GradientStatsMonitor(interval=50)])
+first = opt.gradient_statistics.result()
+traces = model.train_function
+opt.gradient_statistics.set_interval(1)
+model.fit(x[: 40 * batch], y[: 40 * batch], batch_size=batch, epochs=1, shuffle=False, verbose=0,
+          callbacks=[GradientStatsMonitor(interval=50)])
+results["interval"] = {
+    "measured": first,
+    "after_set_interval_1": opt.gradient_statistics.result(),
+    "same_train_function": model.train_function is traces,
+    "truth": linear_regression_gradient_stats(w0, w_true, noise),
 }
 
 os.makedirs(args.out, exist_ok=True)
