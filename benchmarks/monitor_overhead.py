@@ -13,18 +13,29 @@ processes, interleaved in rounds of alternating order:
   optimizer subclass whose ``apply_gradients`` averages with
   ``hvd.grouped_allreduce``;
 * ``off``: ``keras_adapt.DistributedOptimizer(gradient_stats=False)``;
-* ``on``: with gradient statistics (the C++ op);
-* ``on_twin``: with gradient statistics (the pure-TF twin).
+* ``on``: with gradient statistics at the default ``stats_interval`` (the C++ op);
+* ``on_every``: with gradient statistics on every update (``stats_interval=1``);
+* ``on_twin``: as ``on_every`` with the pure-TF twin of the op.
+
+Two clocks per step: wall time and this process's CPU time
+(``time.process_time``: all its threads, Horovod's background thread
+included). On a shared machine other processes stretch the wall time but not
+the CPU time a step needs, so the CPU ratios resolve small overheads that the
+wall ratios cannot. Per round and configuration the mean over the round's
+steps is taken (a mean, not a median: with ``stats_interval`` N only one
+step in N does the measurement), the ratio to the baseline is taken within
+the round (same machine state), then the median over rounds; ``spread_*``
+gives the smallest and largest round ratio.
 
 Prints a table and one JSON line:
-``{"bench": "monitor_overhead", "stack": ..., "ratio_off": ..., "ratio_on": ..., "op_vs_twin": ...}``
-(ours / baseline: per round the ratio of median step times, then the median
-over rounds; ``spread_*`` gives the smallest and largest round ratio, because
-on a small shared machine the rounds differ by several percent;
-op_vs_twin = on / on_twin).
+``{"bench": "monitor_overhead", "stack": ..., "stats_interval": ..., "ratio_off": ...,
+"ratio_on": ..., "ratio_on_every": ..., ...}`` where ``ratio_*`` are CPU-time
+ratios and ``wall_ratio_*`` the wall-time ones (ours / baseline, averaged over
+the two models within a round); op_vs_twin = on_every / on_twin (CPU).
 """
 
 import json
+import os
 import statistics
 import time
 
@@ -32,7 +43,8 @@ from _workers import parser as worker_parser
 from _workers import pin_worker, run_on_workers, write_result
 
 MODELS = ("mlp", "cnn")
-CONFIGS = ("baseline", "off", "on", "on_twin")
+CONFIGS = ("baseline", "off", "on", "on_every", "on_twin")
+CLOCKS = ("cpu", "wall")
 
 
 def launch(args):
@@ -42,43 +54,53 @@ def launch(args):
 
 def report(result):
     rounds = result["rounds_ms"]
-    med = {m: {c: statistics.median(rounds[m][c]) for c in CONFIGS} for m in MODELS}
-    print(f"\nmonitor overhead, stack={result['stack']} ({result['versions']}), 2 workers, Gloo")
-    print(f"{'model':6s} " + " ".join(f"{c:>10s}" for c in CONFIGS) + "   off/base   on/base   on/twin")
-    for m in MODELS:
-        row = med[m]
-        print(f"{m:6s} " + " ".join(f"{row[c]:9.2f}ms" for c in CONFIGS)
-              + f"   {row['off'] / row['baseline']:8.3f}  {row['on'] / row['baseline']:8.3f}"
-              f"  {row['on'] / row['on_twin']:8.3f}")
+    n_rounds = len(rounds["cpu"][MODELS[0]]["on"])
+
+    def round_ratios(clock, a, b):
+        # ratios within a round share the machine's state at that moment, so
+        # their median is steadier than a ratio of overall medians
+        r = rounds[clock]
+        return [statistics.mean(r[m][a][i] / r[m][b][i] for m in MODELS) for i in range(n_rounds)]
+
+    def ratio(clock, a, b):
+        return round(statistics.median(round_ratios(clock, a, b)), 4)
+
+    def spread(clock, a, b):
+        rr = round_ratios(clock, a, b)
+        return [round(min(rr), 4), round(max(rr), 4)]
+
+    med = {c: {m: {k: statistics.median(rounds[c][m][k]) for k in CONFIGS} for m in MODELS}
+           for c in CLOCKS}
+    print(f"\nmonitor overhead, stack={result['stack']} ({result['versions']}), 2 workers, Gloo, "
+          f"default stats_interval={result['stats_interval']}, {n_rounds} rounds x "
+          f"{result['steps']} steps; load average before/after: {result['load']}")
+    print(f"{'clock':5s} {'model':6s} " + " ".join(f"{c:>10s}" for c in CONFIGS)
+          + "   off/base    on/base  every/base")
+    for clock in CLOCKS:
+        for m in MODELS:
+            row = med[clock][m]
+            print(f"{clock:5s} {m:6s} " + " ".join(f"{row[c]:8.2f}ms" for c in CONFIGS)
+                  + f"   {row['off'] / row['baseline']:8.3f}   {row['on'] / row['baseline']:8.3f}"
+                  f"   {row['on_every'] / row['baseline']:8.3f}")
+    print("per-round ratios to baseline (mean of the two models), median [min, max]:")
+    for clock in CLOCKS:
+        for c in CONFIGS[1:]:
+            print(f"  {clock:4s} {c:9s} {ratio(clock, c, 'baseline'):.4f} {spread(clock, c, 'baseline')}")
     k = result["kernel"]
     print(f"squared norms of {k['params'] / 1e6:.1f}M params in {k['tensors']} tensors: "
           f"op {k['op_ms']:.2f} ms, twin {k['twin_ms']:.2f} ms")
 
-    def round_ratios(a, b):
-        # ratios within a round share the machine's state at that moment, so
-        # their median is steadier than a ratio of overall medians
-        return [statistics.mean(rounds[m][a][r] / rounds[m][b][r] for m in MODELS)
-                for r in range(len(rounds[MODELS[0]][a]))]
-
-    def ratio(a, b):
-        return round(statistics.median(round_ratios(a, b)), 4)
-
-    def spread(a, b):
-        rr = round_ratios(a, b)
-        return [round(min(rr), 4), round(max(rr), 4)]
-
-    line = {
-        "bench": "monitor_overhead",
-        "stack": result["stack"],
-        "ratio_off": ratio("off", "baseline"),
-        "ratio_on": ratio("on", "baseline"),
-        "op_vs_twin": ratio("on", "on_twin"),
-        "op_vs_twin_kernel": round(k["op_ms"] / k["twin_ms"], 4),
-        "rounds": len(rounds[MODELS[0]]["on"]),
-        "spread_off": spread("off", "baseline"),
-        "spread_on": spread("on", "baseline"),
-        "per_model": {m: {c: round(med[m][c], 4) for c in CONFIGS} for m in MODELS},
-    }
+    line = {"bench": "monitor_overhead", "stack": result["stack"],
+            "stats_interval": result["stats_interval"], "rounds": n_rounds}
+    for prefix, clock in (("", "cpu"), ("wall_", "wall")):
+        for c in ("off", "on", "on_every"):
+            line[f"{prefix}ratio_{c}"] = ratio(clock, c, "baseline")
+            line[f"{prefix}spread_{c}"] = spread(clock, c, "baseline")
+    line["op_vs_twin"] = ratio("cpu", "on_every", "on_twin")
+    line["op_vs_twin_kernel"] = round(k["op_ms"] / k["twin_ms"], 4)
+    line["per_model_ms"] = {c: {m: {k2: round(v, 4) for k2, v in med[c][m].items()} for m in MODELS}
+                            for c in CLOCKS}
+    line["load"] = result["load"]
     print(json.dumps(line))
 
 
@@ -93,6 +115,7 @@ def worker(args):
     import keras_adapt
     from keras_adapt import _keras, ops
     from keras_adapt.callbacks import GradientStatsMonitor
+    from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL
 
     hvd.init()
     rank = hvd.rank()
@@ -124,16 +147,24 @@ def worker(args):
         return HorovodSGD(0.01, momentum=0.9)
 
     class StepTimer(keras.callbacks.Callback):
+        """Wall and process CPU time from the first step's end to the last's."""
+
         def __init__(self):
             super().__init__()
-            self.times = []
-            self._last = None
+            self.first = self.last = None
+            self.steps = 0
 
         def on_train_batch_end(self, batch, logs=None):
-            now = time.perf_counter()
-            if self._last is not None:
-                self.times.append(now - self._last)
-            self._last = now
+            now = (time.perf_counter(), time.process_time())
+            if self.first is None:
+                self.first = now
+            else:
+                self.steps += 1
+            self.last = now
+
+        def per_step(self):
+            return {"wall": (self.last[0] - self.first[0]) / self.steps,
+                    "cpu": (self.last[1] - self.first[1]) / self.steps}
 
     setups = {}
     for kind in MODELS:
@@ -142,8 +173,10 @@ def worker(args):
             if config == "baseline":
                 opt = baseline_optimizer()
             else:
+                interval = DEFAULT_STATS_INTERVAL if config == "on" else 1
                 opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9),
-                                                       gradient_stats=config != "off")
+                                                       gradient_stats=config != "off",
+                                                       stats_interval=interval)
             model.compile(opt, "sparse_categorical_crossentropy")
             rng = np.random.default_rng(rank)
             n = batch * args.steps
@@ -156,6 +189,7 @@ def worker(args):
                           callbacks=cbs)
             setups[(kind, config)] = (model, x, y, batch, cbs)
 
+    load_before = os.getloadavg()[0]
     times = {(k, c): [] for k in MODELS for c in CONFIGS}
     order = list(setups.items())
     for r in range(args.rounds):
@@ -164,7 +198,7 @@ def worker(args):
             timer = StepTimer()
             model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False,
                       callbacks=cbs + [timer])
-            times[key].append(statistics.median(timer.times))
+            times[key].append(timer.per_step())
 
     # kernel microbenchmark: ResNet-50-sized gradient (25.6M params, 161 tensors)
     rng = np.random.default_rng(0)
@@ -190,8 +224,12 @@ def worker(args):
     result = {
         "stack": "primary" if _keras.IS_KERAS3 else "legacy",
         "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
-        # per round: the median step time of each configuration
-        "rounds_ms": {k: {c: [t * 1e3 for t in times[(k, c)]] for c in CONFIGS} for k in MODELS},
+        "stats_interval": DEFAULT_STATS_INTERVAL,
+        "steps": args.steps,
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        # per clock and round: the mean step time of each configuration
+        "rounds_ms": {clock: {k: {c: [t[clock] * 1e3 for t in times[(k, c)]] for c in CONFIGS}
+                              for k in MODELS} for clock in CLOCKS},
         "kernel": kernel,
     }
     write_result(args.out, rank, result)

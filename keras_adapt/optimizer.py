@@ -27,7 +27,7 @@ from keras_adapt import ops
 from keras_adapt.monitors.gradient_stats import GradientStatistics
 
 #: Default ``stats_interval``: the statistics are measured on one update in this many.
-DEFAULT_STATS_INTERVAL = 1
+DEFAULT_STATS_INTERVAL = 10
 
 
 class AdaptState:

@@ -36,10 +36,11 @@ def test_copy_from_config_is_a_complete_distributed_optimizer():
     # Keras copies optimizers this way (clone_model, saving); the copy must
     # train, with the same keras-adapt settings and a state of its own.
     opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05), ema_decay=0.9,
-                                           skip_nonfinite=False)
+                                           skip_nonfinite=False, stats_interval=1)
     copy = type(opt).from_config(opt.get_config())
     assert is_distributed(copy) and copy.adapt_state is not opt.adapt_state
     assert copy.gradient_statistics.ema_decay == pytest.approx(0.9)
+    assert int(copy.gradient_statistics.interval.numpy()) == 1
     assert copy.adapt_state.skip_nonfinite is False
     assert "ema_decay" not in copy.get_config()  # a saved model records a plain SGD
     x, y = _data()
@@ -66,7 +67,8 @@ def test_single_worker_noise_scale_from_consecutive_steps():
     x, y = linear_regression(steps * batch, dim, w_true, seed=11)
     model = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(1, use_bias=False)])
     model.layers[0].set_weights([w0.reshape(dim, 1).astype(np.float32)])
-    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.995)
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.995,
+                                           stats_interval=1)
     model.compile(opt, "mse")
     with pytest.warns(RuntimeWarning, match="one worker"):
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
@@ -87,10 +89,11 @@ def _ema(values, decay):
     return ema / (1 - decay ** len(values))
 
 
-def _remainder_fit(model, x, y, epochs, decay=0.998, **opt_kwargs):
-    """lr = 0 (weights fixed), batch 64 with a remainder batch, shuffled."""
+def _remainder_fit(model, x, y, epochs, decay=0.998):
+    """lr = 0 (weights fixed), batch 64 with a remainder batch, shuffled,
+    every update measured (so every pair around the remainder counts)."""
     opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=decay,
-                                           **opt_kwargs)
+                                           stats_interval=1)
     model.compile(opt, "mse")
     # Under a global seed (set_random_seed) Keras 3 draws the same last
     # batches in every epoch, so the pairs around the remainder would not be
@@ -240,13 +243,14 @@ def test_bad_stats_interval_names_the_argument(bad):
         keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), stats_interval=bad)
 
 
-def _train(gradient_stats, epochs=2, nan_batch=None):
+def _train(gradient_stats, epochs=2, nan_batch=None, stats_interval=1):
     x, y = _data()
     if nan_batch is not None:
         x[nan_batch * 32 + 1, 0] = np.nan
     model = _mlp()
     opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
-                                           gradient_stats=gradient_stats)
+                                           gradient_stats=gradient_stats,
+                                           stats_interval=stats_interval)
     model.compile(opt, "mse")
     losses = []
     cb = keras.callbacks.LambdaCallback(
@@ -273,6 +277,20 @@ def test_nan_gradient_is_skipped_counted_and_training_continues():
     stats = opt.gradient_statistics.result()
     assert int(opt.skipped_steps.numpy()) == 1
     assert stats["nonfinite"] == 1
+    assert int(opt.iterations.numpy()) == 256 // 32 - 1
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_nan_gradient_on_an_unmeasured_update_is_skipped_too():
+    # at the default stats_interval update 3 is not measured; the non-finite
+    # check runs on every update all the same
+    from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL
+
+    assert 3 % DEFAULT_STATS_INTERVAL != 0
+    model, opt, _ = _train(True, epochs=1, nan_batch=3, stats_interval=DEFAULT_STATS_INTERVAL)
+    assert int(opt.skipped_steps.numpy()) == 1
+    assert opt.gradient_statistics.result()["nonfinite"] == 0  # no measurement saw it
     assert int(opt.iterations.numpy()) == 256 // 32 - 1
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
@@ -325,7 +343,8 @@ def test_train_function_is_not_retraced():
 @pytest.mark.skipif(_keras.IS_KERAS3, reason="keras.optimizers.legacy exists only in tf.keras 2")
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
 def test_legacy_keras2_optimizer_is_supported():
-    opt = keras_adapt.DistributedOptimizer(keras.optimizers.legacy.SGD(0.05, momentum=0.9))
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.legacy.SGD(0.05, momentum=0.9),
+                                           stats_interval=1)
     model = _mlp()
     model.compile(opt, "mse")
     x, y = _data()

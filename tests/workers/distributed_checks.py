@@ -29,6 +29,7 @@ from keras_adapt.callbacks import (
     MetricAverageCallback,
 )
 from keras_adapt.data import linear_regression, linear_regression_gradient_stats
+from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -51,6 +52,7 @@ w_true = rng.standard_normal(dim)
 w0 = w_true + rng.standard_normal(dim) / np.sqrt(dim)
 x, y = linear_regression(steps * batch, dim, w_true, noise_std=noise, seed=100 + rank)
 model = linear_model(dim, w0)
+# the default stats_interval: one update in DEFAULT_STATS_INTERVAL measured
 opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.995)
 model.compile(opt, "mse")
 monitor = GradientStatsMonitor(interval=50)
@@ -58,6 +60,7 @@ model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=
 measured = opt.gradient_statistics.result()
 results["gns"] = {
     "measured": measured,
+    "expected_updates": -(-steps // DEFAULT_STATS_INTERVAL),
     "truth": linear_regression_gradient_stats(w0, w_true, noise),
     "weights_unchanged": bool(np.allclose(model.get_weights()[0].ravel(), w0, atol=0)),
 }
@@ -107,7 +110,7 @@ x, y = linear_regression(160, 16, np.linspace(-1, 1, 16), seed=300 + rank)
 if rank == 1 or size == 1:
     x[3 * 16 + 5, 2] = np.nan
 model = mlp(seed=99)
-opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01))
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01), stats_interval=1)
 model.compile(opt, "mse")
 stats = opt.gradient_statistics
 snapshots = []
@@ -139,7 +142,8 @@ full, rest = 20, (5, 9)[rank % 2]
 epochs = 40
 x, y = linear_regression(full * 32 + rest, dim, w_true, noise_std=noise, seed=400 + rank)
 model = linear_model(dim, w0)
-opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.998)
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.998,
+                                       stats_interval=1)
 model.compile(opt, "mse")
 tf.random.set_seed(None)  # a global seed makes Keras draw the same last batches each epoch
 hist = model.fit(x, y, batch_size=32, epochs=epochs, shuffle=True, verbose=0,
