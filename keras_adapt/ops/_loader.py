@@ -143,8 +143,3 @@ def forced(name):
     finally:
         _state.clear()
         _state.update(saved)
-
-
-def reset():
-    """Forgets the loaded choice so the next call re-reads the environment."""
-    _state.update(module=None, resolved=False, reason=None)
