@@ -194,17 +194,17 @@ def _panel(ax, title, lines, events, log=False, integer=False):
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
                 color="#9e9e9e")
     ax.set_xlabel("step", fontsize=8)
-    ax.tick_params(labelsize=8)
+    ax.tick_params(which="both", labelsize=8)
     ax.grid(True, alpha=0.3)
 
 
 def _minor_log_label(ax, value):
-    """Labels the 2 and 5 minor ticks of a log axis that spans less than two decades."""
+    """Labels some minor ticks of a short log axis: 2, 3, 5 (one decade) or 2, 5 (two)."""
     lo, hi = ax.get_ylim()
     if value <= 0 or not (lo > 0 and hi / lo < 100):
         return ""
     digit = round(value / 10 ** math.floor(math.log10(value)))
-    return tick_label(value) if digit in (2, 5) else ""
+    return tick_label(value) if digit in ((2, 3, 5) if hi / lo < 10 else (2, 5)) else ""
 
 
 def _step_time_lines(series):

@@ -9,12 +9,10 @@ client, next to TensorBoard's own Scalars plugin; on both stacks
 (TensorBoard 2.18 and 2.15).
 """
 
-import argparse
 import csv
 import io
 import json
 import os
-import subprocess
 import tempfile
 import time
 import urllib.parse
@@ -24,21 +22,18 @@ import tensorflow as tf
 from werkzeug.test import Client
 
 from tensorboard.backend import application
-from tensorboard.backend.event_processing import (
-    data_ingester,
-    data_provider,
-    plugin_event_multiplexer,
-)
+from tensorboard.backend.event_processing import data_ingester
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import scalars_plugin
 
 from tensorboard_plugin_adapt import metadata, plugin, reader, summary
 
+import tensorboard_loaders
+
 HOSTILE = "<img src=x onerror=alert(1)>"
 N_POINTS = 5000
 PREFIX = "/data/plugin/adapt"
-LOADERS = ["python", "data_server"]
 
 
 def _ev(kind, step, policy="P", reason="r", before=None, after=None, epoch=0):
@@ -155,92 +150,20 @@ def logdir(tmp_path_factory):
     return str(root)
 
 
-def _samples_per_plugin():
-    """TensorBoard's sampling flags after the Adapt loader adjusted them (no user flag)."""
-    flags = argparse.Namespace(samples_per_plugin={})
-    plugin.AdaptLoader().fix_flags(flags)
-    return flags.samples_per_plugin
-
-
-def _python_provider(logdir):
-    """What ``tensorboard --load_fast=false`` builds (data_ingester.LocalDataIngester)."""
-    guidance = dict(data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE)
-    guidance.update(_samples_per_plugin())
-    mux = plugin_event_multiplexer.EventMultiplexer(
-        size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE, tensor_size_guidance=guidance)
-    mux.AddRunsFromDirectory(logdir)
-    mux.Reload()
-    return data_provider.MultiplexerDataProvider(mux, logdir), None
-
-
-def _fingerprint(provider):
-    from tensorboard import context as tb_context
-
-    ctx = tb_context.RequestContext()
-    out = {}
-    for name in (metadata.PLUGIN_NAME, metadata.SCALARS_PLUGIN_NAME):
-        for method in ("list_scalars", "list_tensors"):
-            for run, tags in getattr(provider, method)(ctx, experiment_id="", plugin_name=name).items():
-                for tag, ts in tags.items():
-                    out[(name, run, tag)] = (ts.max_step, ts.max_wall_time)
-    return out
-
-
-def _data_server_provider(logdir):
-    """What plain ``tensorboard`` builds: its Rust data server, over gRPC."""
-    import grpc
-    from tensorboard.data import grpc_provider, server_ingester
-
-    binary = server_ingester.get_server_binary()
-    hints = ",".join(f"{k}={'all' if v == 0 else v}" for k, v in _samples_per_plugin().items())
-    port_file = os.path.join(tempfile.mkdtemp(), "port")
-    proc = subprocess.Popen([binary.path, f"--logdir={logdir}", "--reload=once",
-                             f"--samples-per-plugin={hints}", "--port=0",
-                             f"--port-file={port_file}", "--die-after-stdin"],
-                            stdin=subprocess.PIPE)
-    deadline = time.time() + 60
-    port = None
-    while time.time() < deadline and port is None:
-        assert proc.poll() is None, f"the data server exited with {proc.returncode}"
-        if os.path.exists(port_file):
-            text = open(port_file).read()
-            port = int(text) if text.endswith("\n") else None
-        time.sleep(0.1)
-    assert port, "the data server did not report its port within 60 s"
-    addr = f"localhost:{port}"
-    provider = grpc_provider.GrpcDataProvider(addr, grpc_provider.make_stub(
-        grpc.insecure_channel(addr)))
-    # It loads in the background: wait until what it lists stops changing.
-    last, stable = None, 0
-    while time.time() < deadline and stable < 3:
-        now = _fingerprint(provider)
-        stable = stable + 1 if now == last and now else 0
-        last = now
-        time.sleep(0.3)
-    assert {"main", "truncated", "old_format"} <= {k[1] for k in last}, last
-    return provider, proc
-
-
 def _app(logdir, loader):
-    provider, proc = (_python_provider if loader == "python" else _data_server_provider)(logdir)
+    provider, stop = tensorboard_loaders.provider(loader, logdir,
+                                                  expect_runs=("main", "truncated", "old_format"))
     context = base_plugin.TBContext(data_provider=provider, logdir=logdir)
     adapt = plugin.AdaptLoader().load(context)
     scalars = scalars_plugin.ScalarsPlugin(context)
-    return application.TensorBoardWSGI([adapt, scalars], data_provider=provider), adapt, proc
+    return application.TensorBoardWSGI([adapt, scalars], data_provider=provider), adapt, stop
 
 
-def _stop(proc):
-    if proc is not None:
-        proc.stdin.close()
-        proc.terminate()
-        proc.wait(timeout=20)
-
-
-@pytest.fixture(scope="module", params=LOADERS)
+@pytest.fixture(scope="module", params=tensorboard_loaders.LOADERS)
 def loaded(request, logdir):
-    app, adapt, proc = _app(logdir, request.param)
+    app, adapt, stop = _app(logdir, request.param)
     yield request.param, Client(app), adapt
-    _stop(proc)
+    stop()
 
 
 @pytest.fixture(scope="module")
@@ -516,7 +439,7 @@ def test_event_writer_rewrites_steps_so_none_is_lost(tmp_path):
         assert w.write() == [20, 30]
         w.add(late)
         assert w.write() == [10, 20, 30]
-    provider, _ = _python_provider(str(tmp_path))
+    provider, _ = tensorboard_loaders.python_provider(str(tmp_path))
     events, skipped, newer = reader.read_events(provider, None, "", "w")
     assert [_fields(e) for e in events] == [a, b, late, d, c] and (skipped, newer) == (0, 0)
 
