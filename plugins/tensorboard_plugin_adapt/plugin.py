@@ -44,10 +44,11 @@ __all__ = ["AdaptLoader", "AdaptPlugin"]
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 DEFAULT_MAX_POINTS = 1000
 MAX_MAX_POINTS = 20000
-#: Points per adapt tag that TensorBoard keeps in memory unless the user sets
+#: Steps with events that TensorBoard keeps in memory unless the user sets
 #: ``--samples_per_plugin adapt=N``. TensorBoard's default for third-party
-#: plugins is 10 (reservoir-sampled), which would drop most events and
-#: points; 0 would keep everything of arbitrarily long runs.
+#: plugins is 10 (reservoir-sampled), which would drop most events; 0 would
+#: keep everything of arbitrarily long runs. (The ``adapt/*`` series are
+#: scalars, sampled like every scalar: ``--samples_per_plugin scalars=N``.)
 DEFAULT_SAMPLES_PER_TAG = 100_000
 
 _CONTENT_TYPES = {
@@ -205,9 +206,9 @@ class AdaptPlugin(base_plugin.TBPlugin):
 
 
 class AdaptLoader(base_plugin.TBLoader):
-    """Loads :class:`AdaptPlugin` and keeps all of its points in TensorBoard's memory.
+    """Loads :class:`AdaptPlugin` and keeps every step with events in TensorBoard's memory.
 
-    TensorBoard keeps only 10 reservoir-sampled points per tag of a
+    TensorBoard keeps only 10 reservoir-sampled values per tag of a
     third-party plugin unless told otherwise, which would drop most
     adaptation events. Unless the user passed ``--samples_per_plugin
     adapt=N``, this loader raises it to :data:`DEFAULT_SAMPLES_PER_TAG`.
