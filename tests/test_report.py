@@ -134,3 +134,18 @@ def test_bad_input_is_explained(logdir, tmp_path, capsys, args, message):
     args = [a.format(logdir=logdir, tmp=tmp_path) for a in args]
     assert cli.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_kind_colours_match_the_tab_and_the_declared_kinds():
+    """The report and the Adapt tab colour exactly the declared kinds, alike."""
+    import re
+
+    from tensorboard_plugin_adapt import plugin
+
+    with open(os.path.join(plugin.STATIC_DIR, "index.js"), encoding="utf-8") as f:
+        js = f.read()
+    block = re.search(r"const KIND_COLORS = \{(.*?)\};", js, re.S).group(1)
+    tab = dict(re.findall(r"(\w+): '(#[0-9a-f]{6})'", block))
+    assert tab == report.KIND_COLORS
+    assert sorted(tab) == sorted(metadata.EVENT_KINDS)
+    assert report.UNKNOWN_COLOR in js
