@@ -188,8 +188,8 @@ class EventWriter:
     ...     first = w.write()
     ...     _ = w.add(metadata.make_event("lr", 8, 0, "p", "r", {}, {}))
     ...     second = w.write()
-    >>> first, second, w.records_at(8) == 2
-    ([8], [8], True)
+    >>> first, second  # step 8 written again, now with both records
+    ([8], [8])
     """
 
     def __init__(self):
@@ -209,11 +209,6 @@ class EventWriter:
             self._by_step.setdefault(step, []).append(text)
             self._dirty = step if self._dirty is None else min(self._dirty, step)
             return True
-
-    def records_at(self, step):
-        """How many records are filed under ``step``."""
-        with self._lock:
-            return len(self._by_step.get(int(step), []))
 
     def write(self):
         """Writes the changed steps (and the steps after them); returns the steps written.
