@@ -266,9 +266,9 @@ def read_events(provider, ctx, experiment_id, run):
     version = metadata.content_version(series.plugin_content)
     if version is None or version > metadata.PROTO_VERSION:
         logger.warning(
-            "adapt: run %r holds %d event datum(s) of format %r, newer than this reader "
-            "(%d); upgrade keras-adapt where TensorBoard runs to read them",
-            run, len(datums), series.plugin_content, metadata.PROTO_VERSION)
+            "adapt: run %r holds %d event datum(s) of format %r, which this reader "
+            "(format %d) does not know; upgrade keras-adapt where TensorBoard runs to "
+            "read them", run, len(datums), series.plugin_content, metadata.PROTO_VERSION)
         return [], 0, len(datums)
     if version >= 1:
         datums = metadata.latest_datums(datums)
