@@ -42,6 +42,7 @@ const STYLE = `
   table.adapt-events { border-collapse: collapse; font-size: 12px; margin-top: 8px; width: 100%; }
   table.adapt-events th, table.adapt-events td { border-bottom: 1px solid #eeeeee;
     padding: 3px 6px; text-align: left; vertical-align: top; }
+  table.adapt-events td.adapt-kind { white-space: nowrap; }
   table.adapt-events td.mono { font-family: monospace; white-space: pre-wrap; word-break: break-word; }
   .adapt-tooltip { position: fixed; pointer-events: none; background: rgba(33,33,33,0.92);
     color: #fff; font-size: 12px; padding: 6px 8px; border-radius: 3px; max-width: 420px;
@@ -267,7 +268,7 @@ function renderTable(table, events, kind) {
     const tr = el('tr', {'data-kind': e.kind});
     tr.appendChild(el('td', {}, e.step));
     tr.appendChild(el('td', {}, e.epoch));
-    const kindCell = el('td');
+    const kindCell = el('td', {class: 'adapt-kind'});
     kindCell.appendChild(el('span', {class: 'swatch', style: `background:${kindColor(e.kind)}`}));
     kindCell.appendChild(document.createTextNode(e.kind + (e.known === false ? ' (unknown)' : '')));
     tr.appendChild(kindCell);
