@@ -81,3 +81,5 @@ def test_batches_formed_ahead_on_one_rank_fail_loudly_on_both(run):
         assert "different batches" in r["guard"]["error"]
         assert f"[1, {r1['guard']['formed']}]" in r["guard"]["error"]
         assert "prefetch" in r["guard"]["error"]
+        # The refused change left the schedule as it was.
+        assert r["guard"]["changes"] == [] and r["guard"]["micro_batch_size"] == 4

@@ -111,14 +111,16 @@ class AdaptiveBatchPipeline:
     @micro_batch_size.setter
     def micro_batch_size(self, value):
         value = _check_micro_batch_size(value)
+        # The lock holds back the pipeline while the change is agreed, so no
+        # batch is formed between choosing its start and recording it.
         with self._lock:
             if value == self._schedule[-1][1]:
                 return
             start = self._formed
+            self._check_ranks_agree(start, value)
             self._schedule.append((start, value))  # a later entry overrides
-        self._check_ranks_agree(start)
 
-    def _check_ranks_agree(self, start):
+    def _check_ranks_agree(self, start, value):
         if _hvd.size() == 1:
             return
         starts = _hvd.allgather(tf.constant([start], tf.int64),
@@ -126,7 +128,7 @@ class AdaptiveBatchPipeline:
         if len(set(starts.tolist())) > 1:
             raise RuntimeError(
                 f"AdaptiveBatchPipeline: the ranks would switch to micro_batch_size="
-                f"{self.micro_batch_size} at different batches {starts.tolist()} (one per "
+                f"{value} at different batches {starts.tolist()} (one per "
                 "rank), because something formed batches ahead of training on some rank. "
                 "Remove any .prefetch() (or other buffering) applied after the pipeline: "
                 "prefetch examples before it, or use AdaptiveBatchPipeline(..., prefetch=N)."

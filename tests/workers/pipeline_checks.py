@@ -129,7 +129,8 @@ try:
     results["guard"] = {"error": None}
 except RuntimeError as exc:
     results["guard"] = {"error": str(exc)}
-results["guard"]["formed"] = pipeline.batches
+results["guard"].update(formed=pipeline.batches, changes=pipeline.changes,
+                        micro_batch_size=pipeline.micro_batch_size)
 
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(results, f)
