@@ -63,6 +63,10 @@ def test_one_pass_per_iterator_ends_with_the_remainder_and_numbers_continue():
     second = [b.numpy().tolist() for b in pipeline.dataset]
     assert second == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert pipeline.changes == [(3, 3)] and pipeline.batches == 7
+    # A pass that ends on a batch border forms no empty batch.
+    even = AdaptiveBatchPipeline(tf.data.Dataset.range(8), micro_batch_size=4, repeat=False)
+    assert [b.numpy().tolist() for b in even.dataset] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert even.batches == 2
 
 
 def test_prefetch_after_the_pipeline_delays_the_switch_to_the_recorded_batch():

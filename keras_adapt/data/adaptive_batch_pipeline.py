@@ -185,18 +185,18 @@ class AdaptiveBatchPipeline:
 
         def number(state, example):
             # state: (position in the batch, the batch's number, its size).
-            # Number and size come from the host once, at the first example,
-            # so they continue across iterators and fit() calls.
+            # Number and size come from the host once, when the batch's
+            # first example has arrived (never for an example that does not
+            # exist), so numbering continues across iterators and fit() calls.
             position, batch, size = state
             batch, size = tf.cond(tf.equal(position, 0), form_next, lambda: (batch, size))
             position = tf.where(position + 1 >= size, zero, position + 1)
-            return (position, batch, size), (batch, example)
-
-        def batch_window(batch, window):
-            return window.map(lambda _, example: example).batch(size_of(batch))
+            return (position, batch, size), (example, batch)
 
         batches = examples.scan((zero, zero, zero), number).group_by_window(
-            key_func=lambda batch, _: batch, reduce_func=batch_window,
+            key_func=lambda _, batch: batch,
+            reduce_func=lambda batch, window: window.batch(size_of(batch))
+            .map(lambda examples, _: examples),
             window_size_func=size_of)
         options = tf.data.Options()
         # No prefetch injected after the batching: a batch is formed only
