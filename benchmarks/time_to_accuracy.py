@@ -317,7 +317,7 @@ def worker(args):
             return float(np.mean(pred == self.yt))
 
         def global_batch(self):
-            acc = self.model.optimizer._keras_adapt.accumulation
+            acc = self.model.optimizer.adapt_state.accumulation
             k = 1 if acc is None else int(acc.steps.numpy())
             return workers * self.ds.micro_batch_size * k
 
@@ -328,7 +328,7 @@ def worker(args):
             now = time.perf_counter()
             if self.t0 is None:
                 self.t0 = now  # the first update pays for tracing: not counted
-            acc_state = self.model.optimizer._keras_adapt.accumulation
+            acc_state = self.model.optimizer.adapt_state.accumulation
             if acc_state is not None and int(acc_state.count.numpy()) != 0:
                 return  # mid-accumulation: not an update boundary
             samples = self.ds.samples * workers

@@ -27,24 +27,50 @@ from keras_adapt import ops
 from keras_adapt.monitors.gradient_stats import GradientStatistics
 
 
-class _AdaptState:
-    """Plain holder, deliberately not a ``tf.Module``: keeps keras-adapt's
-    variables out of the optimizer's own checkpoint and variable lists."""
+class AdaptState:
+    """What keras-adapt adds to a wrapped optimizer: ``optimizer.adapt_state``.
+
+    A plain holder, deliberately not a ``tf.Module``, so keras-adapt's
+    variables stay out of the optimizer's own checkpoint and variable lists.
+    Actuators, policies and callbacks read and set these attributes; they
+    never reach into the optimizer itself.
+
+    Attributes:
+        statistics: the :class:`GradientStatistics`, or None when the
+            optimizer was created with ``gradient_stats=False``.
+        skip_nonfinite: whether non-finite averaged gradients skip the update.
+        skipped: ``tf.Variable`` counting updates skipped for that reason.
+        accumulation: an :class:`AccumulationState` once
+            :func:`enable_accumulation` ran, else None.
+        lr_control: a :class:`LearningRateControl` once
+            :func:`enable_lr_control` ran, else None.
+        batch_size_actuator: the ``GlobalBatchSize`` that every policy on
+            this model shares, once one was made, else None.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    >>> state = opt.adapt_state
+    >>> state.statistics is opt.gradient_statistics, state.accumulation, int(state.skipped.numpy())
+    (True, None, 0)
+    """
 
     def __init__(self, stats, skip_nonfinite):
-        self.stats = stats
+        self.statistics = stats
         self.skip_nonfinite = skip_nonfinite
-        self.prev_grads = None  # one-worker differencing, created on first use
+        self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.accumulation = None
+        self.lr_control = None
+        self.batch_size_actuator = None
+        # One-worker differencing (the optimizer's own), created on first use.
+        self.prev_grads = None
         self.prev_sqr = None
         self.have_prev = None
-        self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
-        self.accumulation = None  # _Accumulation, once enabled
-        self.lr_control = None  # _LRControl, once enabled
-        self.batch_size_actuator = None  # the GlobalBatchSize shared by policies
 
 
-class _Accumulation:
-    """Gradient accumulation state. ``steps`` (k) is a variable, so changing
+class AccumulationState:
+    """Gradient accumulation state (``optimizer.adapt_state.accumulation``). ``steps`` (k) is a variable, so changing
     it never retraces the train function; the accumulators are created on
     the first trace."""
 
@@ -59,8 +85,8 @@ class _Accumulation:
         self.grads = None
 
 
-class _LRControl:
-    """Learning-rate factor on top of the user's learning rate (float or
+class LearningRateControl:
+    """``optimizer.adapt_state.lr_control``: learning-rate factor on top of the user's learning rate (float or
     schedule): ``factor`` ramps linearly from ``start`` to ``target`` over
     ``ramp`` updates beginning at update ``begin``. With ``use_progress`` a
     schedule is evaluated at the scale-invariant progress (AdaScale), which
@@ -117,29 +143,54 @@ def _dense(g):
 
 
 class _DistributedCore:
-    """Framework-neutral implementation shared by the Keras 3 and Keras 2 bindings."""
+    """Framework-neutral implementation shared by the Keras 3 and Keras 2 bindings.
+
+    The class made by :func:`DistributedOptimizer` carries its keras-adapt
+    settings (``_ka_settings``), and every instance builds its
+    :class:`AdaptState` from them here: a copy made with
+    ``type(opt).from_config(opt.get_config())`` is a complete distributed
+    optimizer with the same settings, while ``get_config()`` stays the plain
+    optimizer's (a saved model loads without keras-adapt).
+    """
+
+    _ka_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
+                    "skip_nonfinite": True}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        settings = type(self)._ka_settings
+        stats = None
+        if settings["gradient_stats"]:
+            stats = GradientStatistics(ema_decay=settings["ema_decay"],
+                                       batch_size=settings["batch_size"])
+        self._adapt_state = AdaptState(stats, settings["skip_nonfinite"])
+
+    @property
+    def adapt_state(self):
+        """The :class:`AdaptState` keras-adapt keeps for this optimizer."""
+        return self._adapt_state
 
     @property
     def gradient_statistics(self):
         """The :class:`GradientStatistics` of this optimizer, or None if monitoring is off."""
-        return self._keras_adapt.stats
+        return self._adapt_state.statistics
 
     @property
     def skipped_steps(self):
         """Variable counting optimizer steps skipped for a non-finite averaged gradient."""
-        return self._keras_adapt.skipped
+        return self._adapt_state.skipped
 
     def _ka_schedule_step(self):
         """The step a learning-rate schedule is evaluated at: the update count,
         or AdaScale's scale-invariant progress when that is enabled."""
-        control = self._keras_adapt.lr_control
+        control = self._adapt_state.lr_control
         if control is not None and control.use_progress:
             return tf.cast(control.progress, tf.float32)
         return self.iterations
 
     def _ka_scaled(self, lr):
         """``lr`` times the current factor of the learning-rate actuator."""
-        control = self._keras_adapt.lr_control
+        control = self._adapt_state.lr_control
         if control is None:
             return lr
         lr = tf.convert_to_tensor(lr)
@@ -150,7 +201,7 @@ class _DistributedCore:
         so setting it sets the effective rate too: callbacks such as
         ReduceLROnPlateau read, multiply and write it back, which must not
         compound the factor. Schedules and variables are set as given."""
-        state = getattr(self, "_keras_adapt", None)
+        state = getattr(self, "_adapt_state", None)
         control = None if state is None else state.lr_control
         if control is None or callable(value) or isinstance(value, tf.Variable):
             return value
@@ -158,14 +209,14 @@ class _DistributedCore:
         return float(value) / factor
 
     def _ka_after_update(self):
-        control = self._keras_adapt.lr_control
+        control = self._adapt_state.lr_control
         if control is not None:
             control.progress.assign_add(control.gain)
 
     def _ka_single_worker_total(self, grads, local_sqr):
         """One worker: mean squared norm and squared norm of the mean over
         this step's and the previous step's gradient (M = 2)."""
-        state = self._keras_adapt
+        state = self._adapt_state
         if state.prev_grads is None:
             with tf.init_scope():
                 state.prev_grads = [
@@ -197,7 +248,7 @@ class _DistributedCore:
         With accumulation enabled, only every k-th call reaches the workers."""
         _check_not_xla()
         grads = [_dense(g) for g in grads]
-        if self._keras_adapt.accumulation is not None:
+        if self._adapt_state.accumulation is not None:
             return self._ka_accumulate(grads, apply_fn)
         return self._ka_reduce_and_apply(grads, apply_fn)
 
@@ -207,7 +258,7 @@ class _DistributedCore:
 
         All ranks count alike and read the same k, so all take the same
         branch and the collective inside it matches up."""
-        state = self._keras_adapt
+        state = self._adapt_state
         acc = state.accumulation
         present = [i for i, g in enumerate(grads) if g is not None]
         if acc.grads is None:
@@ -220,7 +271,7 @@ class _DistributedCore:
         local = [grads[i] for i in present]
         for a, g in zip(acc.grads, local):
             a.assign_add(g)
-        if state.stats is not None and local:
+        if state.statistics is not None and local:
             _, sqr = ops.squared_norms(local)
             acc.local_sqr.assign_add(sqr)
         count = acc.count.assign_add(1)
@@ -247,7 +298,7 @@ class _DistributedCore:
         statistics, then the (skippable) update. ``local_sqr`` and
         ``micro_steps`` describe accumulated gradients: the mean over the
         micro-steps of their squared norms, and their number."""
-        state = self._keras_adapt
+        state = self._adapt_state
         present = [i for i, g in enumerate(grads) if g is not None]
         local = [grads[i] for i in present]
         num_workers = _hvd.size()
@@ -263,7 +314,7 @@ class _DistributedCore:
             self._ka_after_update()
             return out
 
-        if state.stats is None or not local:
+        if state.statistics is None or not local:
             apply(with_averaged(_hvd.grouped_allreduce_average(local)))
             return tf.constant(True)
 
@@ -276,10 +327,10 @@ class _DistributedCore:
         deps = []
         if micro_steps is None and num_workers >= 2:
             _, total_sqr = ops.squared_norms(reduced)
-            deps.append(state.stats.update(mean_local_sqr, total_sqr, num_gradients=num_workers))
+            deps.append(state.statistics.update(mean_local_sqr, total_sqr, num_gradients=num_workers))
         elif micro_steps is None:
             pair_local, pair_total, valid, stored = self._ka_single_worker_total(reduced, local_sqr)
-            deps.append(state.stats.update(
+            deps.append(state.statistics.update(
                 pair_local, pair_total, num_gradients=2, valid=valid, batches_per_step=1
             ))
             deps.append(stored)
@@ -288,7 +339,7 @@ class _DistributedCore:
             _, total_sqr = ops.squared_norms(reduced)
             m = tf.cast(num_workers, tf.int64) * micro_steps
             if num_workers >= 2:
-                deps.append(state.stats.update(mean_local_sqr, total_sqr, num_gradients=m))
+                deps.append(state.statistics.update(mean_local_sqr, total_sqr, num_gradients=m))
             else:
                 # One worker and k = 1 gives a single gradient: fall back to
                 # differencing consecutive updates (biased, as without
@@ -296,7 +347,7 @@ class _DistributedCore:
                 pair_local, pair_total, valid, stored = self._ka_single_worker_total(
                     reduced, local_sqr)
                 several = m >= 2
-                deps.append(state.stats.update(
+                deps.append(state.statistics.update(
                     tf.where(several, mean_local_sqr, pair_local),
                     tf.where(several, total_sqr, pair_total),
                     num_gradients=tf.where(several, m, tf.constant(2, tf.int64)),
@@ -343,7 +394,7 @@ class _Keras3Binding(_DistributedCore):
         super(_Keras3Binding, type(self)).learning_rate.fset(self, self._ka_base_value(value))
 
     def _get_current_learning_rate(self):
-        state = getattr(self, "_keras_adapt", None)
+        state = getattr(self, "_adapt_state", None)
         control = None if state is None else state.lr_control
         if control is None:
             return super()._get_current_learning_rate()
@@ -376,7 +427,7 @@ class _Keras2Binding(_DistributedCore):
 
     def _decayed_lr(self, var_dtype):
         # Legacy OptimizerV2 reads its learning rate through this method only.
-        control = self._keras_adapt.lr_control
+        control = self._adapt_state.lr_control
         if control is None:
             return super()._decayed_lr(var_dtype)
         lr = self._get_hyper("learning_rate", var_dtype)
@@ -420,7 +471,7 @@ class _Keras2LearningRate:
     @property
     def learning_rate(self):
         lr = super().learning_rate
-        state = getattr(self, "_keras_adapt", None)
+        state = getattr(self, "_adapt_state", None)
         if state is None or state.lr_control is None or tf.executing_eagerly():
             return lr
         return self._ka_scaled(lr)
@@ -430,7 +481,7 @@ class _Keras2LearningRate:
         super(_Keras2LearningRate, type(self)).learning_rate.fset(self, value)
 
     def _compute_current_learning_rate(self):
-        state = getattr(self, "_keras_adapt", None)
+        state = getattr(self, "_adapt_state", None)
         control = None if state is None else state.lr_control
         if control is None or not control.use_progress or not _is_schedule(self._learning_rate):
             return super()._compute_current_learning_rate()
@@ -444,9 +495,9 @@ def enable_accumulation(optimizer, steps=1):
     Used by :class:`keras_adapt.actuators.GradientAccumulation`; the model's
     train function must be traced (again) afterwards.
     """
-    state = optimizer._keras_adapt
+    state = optimizer.adapt_state
     if state.accumulation is None:
-        state.accumulation = _Accumulation(steps)
+        state.accumulation = AccumulationState(steps)
     return state.accumulation
 
 
@@ -456,9 +507,9 @@ def enable_lr_control(optimizer, use_progress=False):
     Used by :class:`keras_adapt.actuators.LearningRateScale`; the model's
     train function must be traced (again) afterwards. Returns the state.
     """
-    state = optimizer._keras_adapt
+    state = optimizer.adapt_state
     if state.lr_control is None:
-        state.lr_control = _LRControl(use_progress)
+        state.lr_control = LearningRateControl(use_progress)
         # Progress starts where the update count is, so a schedule does not jump.
         state.lr_control.progress.assign(float(optimizer.iterations.numpy()))
     elif use_progress and not state.lr_control.use_progress:
@@ -539,7 +590,8 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     ('SGD', True)
     """
     optimizer = _validate(optimizer, gradient_stats, skip_nonfinite)
-    stats = GradientStatistics(ema_decay=ema_decay, batch_size=batch_size) if gradient_stats else None
+    # Validates ema_decay and batch_size before any class is made.
+    GradientStatistics.check_arguments(ema_decay, batch_size)
     _hvd.ensure_initialized()
 
     base = type(optimizer)
@@ -549,13 +601,14 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
         bindings = (_Keras2Binding,)
     else:
         bindings = (_Keras2LearningRate, _Keras2Binding)
+    settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
+                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite}
     # Same name and module as the wrapped class: a saved model then records a
     # plain optimizer, which loads anywhere (re-wrap it for distributed use).
-    cls = type(base.__name__, (*bindings, base), {"__module__": base.__module__})
+    cls = type(base.__name__, (*bindings, base),
+               {"__module__": base.__module__, "_ka_settings": settings})
     cls.__qualname__ = base.__qualname__
-    distributed = cls.from_config(optimizer.get_config())
-    distributed._keras_adapt = _AdaptState(stats, skip_nonfinite)
-    return distributed
+    return cls.from_config(optimizer.get_config())
 
 
 def is_distributed(optimizer):

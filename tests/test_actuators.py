@@ -128,7 +128,7 @@ def test_warmup_ramp_values_by_hand():
     lr = LearningRateScale(model)
     lr.set(2.0)  # instant
     lr.set(6.0, warmup_steps=4)  # from 2 to 6 over 4 updates, starting at update 0
-    state = model.optimizer._keras_adapt.lr_control
+    state = model.optimizer.adapt_state.lr_control
     got = [float(state.factor_at(i).numpy()) for i in range(7)]
     assert got == pytest.approx([2.0, 3.0, 4.0, 5.0, 6.0, 6.0, 6.0])
     # In training: after 2 updates the effective LR is 0.1 x 4.

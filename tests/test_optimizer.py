@@ -32,6 +32,25 @@ def test_wrapped_optimizer_keeps_class_name_and_config():
     assert float(np.asarray(opt.learning_rate)) == pytest.approx(3e-3)
 
 
+def test_copy_from_config_is_a_complete_distributed_optimizer():
+    # Keras copies optimizers this way (clone_model, saving); the copy must
+    # train, with the same keras-adapt settings and a state of its own.
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05), ema_decay=0.9,
+                                           skip_nonfinite=False)
+    copy = type(opt).from_config(opt.get_config())
+    assert is_distributed(copy) and copy.adapt_state is not opt.adapt_state
+    assert copy.gradient_statistics.ema_decay == pytest.approx(0.9)
+    assert copy.adapt_state.skip_nonfinite is False
+    assert "ema_decay" not in copy.get_config()  # a saved model records a plain SGD
+    x, y = _data()
+    model = _mlp()
+    model.compile(copy, "mse")
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[GradientStatsMonitor(4)])
+    assert int(copy.iterations.numpy()) == 8
+    assert copy.gradient_statistics.result()["updates"] == 7  # one worker: pairs of steps
+    assert int(opt.iterations.numpy()) == 0  # the original is untouched
+
+
 def test_optimizer_by_name():
     opt = keras_adapt.DistributedOptimizer("adam")
     assert isinstance(opt, keras.optimizers.Adam) and is_distributed(opt)

@@ -68,13 +68,13 @@ class GlobalBatchSize:
         self._attach(dataset, micro_batch_size, max_micro_batch_size)
         self.accumulation = GradientAccumulation(model)
         self.workers = _hvd.size()
-        self.optimizer._keras_adapt.batch_size_actuator = self
+        self.optimizer.adapt_state.batch_size_actuator = self
 
     @classmethod
     def of(cls, model, **kwargs):
         """The actuator already attached to ``model``'s optimizer, or a new one."""
         optimizer = distributed_optimizer(model, "GlobalBatchSize")
-        existing = getattr(optimizer._keras_adapt, "batch_size_actuator", None)
+        existing = optimizer.adapt_state.batch_size_actuator
         if existing is not None:
             if existing.dataset is None:
                 existing._attach(kwargs.get("dataset"), kwargs.get("micro_batch_size"),

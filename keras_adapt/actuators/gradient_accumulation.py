@@ -41,7 +41,7 @@ class GradientAccumulation:
         optimizer = distributed_optimizer(model, "GradientAccumulation")
         if steps is not None:
             steps = positive_int("steps", steps)
-        was_enabled = optimizer._keras_adapt.accumulation is not None
+        was_enabled = optimizer.adapt_state.accumulation is not None
         self._state = _optimizer.enable_accumulation(optimizer, steps or 1)
         if not was_enabled:
             retrace(model)

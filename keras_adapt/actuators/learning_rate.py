@@ -48,7 +48,7 @@ class LearningRateScale:
         if not isinstance(use_progress, bool):
             raise TypeError(f"use_progress must be True or False, got {use_progress!r}")
         self._optimizer = distributed_optimizer(model, "LearningRateScale")
-        was = self._optimizer._keras_adapt.lr_control
+        was = self._optimizer.adapt_state.lr_control
         was_progress = was is not None and was.use_progress
         self._state = _optimizer.enable_lr_control(self._optimizer, use_progress)
         if was is None or (use_progress and not was_progress):
@@ -99,7 +99,7 @@ class LearningRateScale:
 
     def base_lr(self):
         """The user's learning rate at the current step, without the factor."""
-        state = self._optimizer._keras_adapt
+        state = self._optimizer.adapt_state
         control, state.lr_control = state.lr_control, None
         try:
             lr = self._optimizer.learning_rate

@@ -55,20 +55,7 @@ class GradientStatistics(tf.Module):
 
     def __init__(self, ema_decay=0.99, batch_size=None, name="gradient_statistics"):
         super().__init__(name=name)
-        if isinstance(ema_decay, bool) or not isinstance(ema_decay, (int, float)) or not (
-            0.0 < float(ema_decay) < 1.0
-        ):
-            raise ValueError(
-                f"ema_decay={ema_decay!r} is not valid; use a float strictly "
-                "between 0 and 1 (e.g. 0.99 averages over about 100 steps)"
-            )
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ValueError(
-                f"batch_size={batch_size!r} is not valid; use a positive int (the "
-                "per-worker batch size) or None to record it from the data"
-            )
+        self.check_arguments(ema_decay, batch_size)
         self.ema_decay = float(ema_decay)
         self.fixed_batch_size = batch_size
         with tf.init_scope(), tf.name_scope(name):
@@ -83,6 +70,33 @@ class GradientStatistics(tf.Module):
             self.global_batch = var(0.0, _F64, "global_batch")
             self.last_local_sqr = var(0.0, _F64, "last_local_sqr")
             self.last_total_sqr = var(0.0, _F64, "last_total_sqr")
+
+    @staticmethod
+    def check_arguments(ema_decay, batch_size):
+        """Raises a ``ValueError`` naming the fix for a bad ``ema_decay`` or ``batch_size``.
+
+        Example:
+
+        >>> from keras_adapt.monitors import GradientStatistics
+        >>> GradientStatistics.check_arguments(1.5, None)
+        Traceback (most recent call last):
+        ...
+        ValueError: ema_decay=1.5 is not valid; use a float strictly between 0 and 1 (e.g. 0.99 averages over about 100 steps)
+        """
+        if isinstance(ema_decay, bool) or not isinstance(ema_decay, (int, float)) or not (
+            0.0 < float(ema_decay) < 1.0
+        ):
+            raise ValueError(
+                f"ema_decay={ema_decay!r} is not valid; use a float strictly "
+                "between 0 and 1 (e.g. 0.99 averages over about 100 steps)"
+            )
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(
+                f"batch_size={batch_size!r} is not valid; use a positive int (the "
+                "per-worker batch size) or None to record it from the data"
+            )
 
     def record_batch_size(self, batch_size):
         """Records the per-worker batch size b of the current step (in-graph)."""
