@@ -36,9 +36,10 @@ class AdaptiveBatchPipeline:
     tf.data's automatic prefetch injection, and neither Keras 3 nor
     tf.keras 2 buffers a ``tf.data.Dataset``). A size set between two steps
     therefore applies from the very next step, on every rank. With several
-    workers each change also checks that every rank switches at the same
-    batch s, and raises a clear error otherwise (which only buffering
-    after the pipeline can cause).
+    workers a change is a collective: set it at the same point on every
+    rank (policies do); it checks that every rank switches at the same
+    batch s, and otherwise raises a clear error on every rank and records
+    nothing (only buffering after the pipeline can cause that).
 
     **Passes and sharding.** Each worker reads its own data: shard before
     the pipeline (``ds.shard(num_workers, rank)``, or a disjoint list of
@@ -110,6 +111,7 @@ class AdaptiveBatchPipeline:
 
     @micro_batch_size.setter
     def micro_batch_size(self, value):
+        # Every rank calls this at the same point: it gathers the start.
         value = _check_micro_batch_size(value)
         # The lock holds back the pipeline while the change is agreed, so no
         # batch is formed between choosing its start and recording it.
