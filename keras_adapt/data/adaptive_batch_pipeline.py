@@ -195,11 +195,20 @@ class AdaptiveBatchPipeline:
             position = tf.where(position + 1 >= size, zero, position + 1)
             return (position, batch, size), (example, batch)
 
-        batches = examples.scan((zero, zero, zero), number).group_by_window(
-            key_func=lambda _, batch: batch,
-            reduce_func=lambda batch, window: window.batch(size_of(batch))
-            .map(lambda examples, _: examples),
-            window_size_func=size_of)
+        def key(_, batch):
+            return batch
+
+        def reduce(batch, window):
+            return window.batch(size_of(batch)).map(no_autograph(drop_numbers))
+
+        def drop_numbers(examples, _):
+            return examples
+
+        # Plain tensor code: no AutoGraph conversion (which reads the source).
+        no_autograph = tf.autograph.experimental.do_not_convert
+        batches = examples.scan((zero, zero, zero), no_autograph(number)).group_by_window(
+            key_func=no_autograph(key), reduce_func=no_autograph(reduce),
+            window_size_func=no_autograph(size_of))
         options = tf.data.Options()
         # No prefetch injected after the batching: a batch is formed only
         # when a step asks for it.
