@@ -53,8 +53,7 @@ def test_adaptive_batch_example_grows_the_batch_and_records_every_change(tmp_pat
     assert acc > 0.6
 
 
-@pytest.mark.primary_only
-def test_tfrecord_example_switches_both_ranks_at_the_same_batches(tmp_path):
+def test_tfrecord_example_switches_both_ranks_at_the_same_batches(tmp_path):  # both stacks
     import ast
     import json
 
