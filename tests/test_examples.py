@@ -51,3 +51,33 @@ def test_adaptive_batch_example_grows_the_batch_and_records_every_change(tmp_pat
     assert "summary: 2 workers" in proc.stdout
     acc = float(proc.stdout.split("test accuracy")[1].split()[0])
     assert acc > 0.6
+
+
+def test_tfrecord_example_switches_both_ranks_at_the_same_batches(tmp_path):  # both stacks
+    import ast
+    import json
+
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+           os.path.join(ROOT, "examples", "tfrecord_adaptive_batch.py"),
+           "--epochs", "3", "--examples", "16000", "--logdir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert sorted(os.listdir(tmp_path / "data")) == [f"train-0{i}-of-04.tfrecord" for i in range(4)]
+    changes = {}
+    for line in proc.stdout.splitlines():
+        if "micro-batch changes" in line:
+            rank = int(line.split("rank ")[1].split(":")[0])
+            changes[rank] = ast.literal_eval(line.split("(from batch, size) ")[1])
+    assert set(changes) == {0, 1} and changes[0] == changes[1] and len(changes[0]) >= 2
+    with open(tmp_path / "adapt_events.jsonl") as f:
+        events = [json.loads(line) for line in f]
+    batch_events = [e for e in events if e["kind"] == "batch_size"]
+    rebatched = [e for e in batch_events
+                 if e["after"]["micro_batch_size"] != e["before"]["micro_batch_size"]]
+    # One recorded switch per micro-batch change, to the size the policy chose.
+    assert [e["after"]["micro_batch_size"] for e in rebatched] == [m for _, m in changes[0]]
+    sizes = [e["after"]["batch_size"] for e in batch_events]
+    assert sizes == sorted(sizes) and sizes[-1] > 32
+    acc = float(proc.stdout.split("test accuracy")[1].split()[0])
+    assert acc > 0.6

@@ -100,6 +100,11 @@ class AdaptiveBatchDataset:
         self._micro_batch_size = int(value)
 
     @property
+    def micro_batch_limit(self):
+        """Largest micro-batch the data can give: this worker's share."""
+        return self.shard_size
+
+    @property
     def steps_per_epoch(self):
         """Micro-steps in one pass over this worker's share at the initial size."""
         return max(1, self.shard_size // self.initial_micro_batch_size)
