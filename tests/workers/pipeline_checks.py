@@ -60,9 +60,7 @@ def build():
     keras.utils.set_random_seed(100 + rank)  # the broadcast aligns the ranks
     model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(32, activation="relu"),
                               keras.layers.Dense(4)])
-    # every update measured, so the short runs reach the policy's warm-up
-    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
-                                                   stats_interval=1),
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
