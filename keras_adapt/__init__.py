@@ -17,6 +17,7 @@ True
 from keras_adapt import actuators, callbacks, data, events, monitors, ops, policies
 from keras_adapt._hvd import local_rank, rank, size
 from keras_adapt.optimizer import DistributedOptimizer
+from keras_adapt.saving import load_model
 from keras_adapt.version import __version__
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "callbacks",
     "data",
     "events",
+    "load_model",
     "local_rank",
     "monitors",
     "ops",
