@@ -860,6 +860,27 @@ def distributed_class_like(base, optimizer):
     return distributed_class(base, type(optimizer)._ka_settings)
 
 
+def base_learning_rate(optimizer):
+    """The float learning rate the user configured, without keras-adapt's factor.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.optimizer import base_learning_rate
+    >>> round(base_learning_rate(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))), 6)
+    0.1
+    """
+    import numpy as np
+
+    lr = optimizer.learning_rate
+    value = float(np.asarray(lr.numpy() if hasattr(lr, "numpy") else lr))
+    control = optimizer.adapt_state.lr_control if is_distributed(optimizer) else None
+    if isinstance(optimizer, _Keras3Binding) and control is not None:
+        # Keras 3 reads the effective rate (see the binding).
+        value /= float(control.factor_at(optimizer.iterations).numpy())
+    return value
+
+
 def set_base_learning_rate(optimizer, value):
     """Sets the learning rate the user configured (the base under
     keras-adapt's learning-rate factor, if any) to the float ``value``.

@@ -142,7 +142,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         if self.initial_lr is None:
-            self.initial_lr = _read(optimizer.learning_rate)
+            self.initial_lr = _optimizer.base_learning_rate(optimizer)
         if not self.staircase and not self.steps_per_epoch:
             steps = (self.params or {}).get("steps")
             if not steps:
@@ -160,7 +160,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if lr is None:
             return
         optimizer = self.model.optimizer
-        old = self._base if self._base is not None else _read(optimizer.learning_rate)
+        old = self._base if self._base is not None else _optimizer.base_learning_rate(optimizer)
         _optimizer.set_base_learning_rate(optimizer, lr)
         self._base = lr
         if self.momentum_correction and old > 0:
@@ -191,5 +191,5 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             optimizer = self.model.optimizer
-            base = self._base if self._base is not None else _read(optimizer.learning_rate)
+            base = self._base if self._base is not None else _optimizer.base_learning_rate(optimizer)
             logs["lr"] = effective_learning_rate(optimizer, base)
