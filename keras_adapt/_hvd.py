@@ -71,14 +71,6 @@ def local_rank():
     return 0 if hvd is None else hvd.local_rank()
 
 
-def grouped_allreduce_average(tensors):
-    """Averages a list of tensors over all workers in as few collectives as possible.
-
-    The default :class:`Reduction` (average over all workers, no compression).
-    """
-    return Reduction().allreduce(tensors)
-
-
 def _op_name(op):
     if hvd is not None:
         for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):

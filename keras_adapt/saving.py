@@ -7,6 +7,8 @@ import keras
 from keras_adapt import _keras
 from keras_adapt import optimizer as _optimizer
 
+__all__ = ["load_model"]
+
 
 def _rewrap(optimizer, probe, variables):
     """A distributed copy of the loaded ``optimizer`` (settings of ``probe``)

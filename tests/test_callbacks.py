@@ -272,13 +272,16 @@ def test_best_model_checkpoint_saves_only_improvements(tmp_path):
     assert saved[3] >= saved[1]
 
 
-def test_load_model_rewraps_the_optimizer_with_its_state(tmp_path):
-    opt = keras.optimizers.Adam(0.01)
+@pytest.mark.parametrize("optimizer,ext", [("adam", "keras"), ("legacy_adam", "h5")])
+def test_load_model_rewraps_the_optimizer_with_its_state(tmp_path, optimizer, ext):
+    if optimizer == "legacy_adam" and _keras.IS_KERAS3:
+        pytest.skip("keras.optimizers.legacy exists only in tf.keras 2")
+    opt = keras.optimizers.legacy.Adam(0.01) if optimizer == "legacy_adam" else keras.optimizers.Adam(0.01)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(opt, "mse")
     x, y = np.random.default_rng(0).normal(size=(32, 3)), np.zeros((32, 2))
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
-    path = str(tmp_path / "m.keras")
+    path = str(tmp_path / f"m.{ext}")
     model.save(path)
     loaded = keras_adapt.load_model(path, gradient_stats=False)
     assert keras_adapt.optimizer.is_distributed(loaded.optimizer)

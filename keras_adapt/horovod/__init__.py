@@ -58,6 +58,9 @@ from keras_adapt import optimizer as _optimizer
 from keras_adapt import saving as _saving
 from keras_adapt.horovod import callbacks  # noqa: F401 - hvd.callbacks.*
 
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allreduce",
+           "broadcast", "load_model"]
+
 
 def _not_offered(name, value, default, alternative):
     if value != default:
