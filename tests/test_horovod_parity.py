@@ -33,11 +33,37 @@ def test_one_step_matches_the_hand_computed_update(results, variant):
         assert v["max_abs_err"] < 1e-6, variant
 
 
+@pytest.mark.parametrize("variant", ["default", "sparse_as_dense", "sum", "predivide", "fp16",
+                                     "process_set", "local_dense"])
+def test_statistics_describe_the_shared_mean_gradient(results, variant):
+    # whatever the reduction (Sum, sparse allgather, fp16, ...), and without
+    # the worker-local layer's gradient
+    rel = 1e-2 if variant == "fp16" else 1e-5
+    for r in results:
+        v = r["reduce"][variant]
+        assert v["stats"]["updates"] == 1
+        for key in ("grad_sqr", "grad_var"):
+            assert v["stats"][key] == pytest.approx(v["stats_expected"][key], rel=rel), key
+    assert results[0]["reduce"]["local_dense"]["stats"]["grad_sqr"] != pytest.approx(
+        results[0]["reduce"]["default"]["stats"]["grad_sqr"], rel=1e-3)
+
+
 def test_fp16_compression_is_close_to_the_exact_update(results):
     for r in results:
         v = r["reduce"]["fp16"]
         assert 0 < v["max_abs_err"] < 1e-3  # float16 rounding, not exact
         assert v["max_update"] > 0.1
+
+
+def test_one_grouped_allreduce_per_step_carries_gradients_and_the_monitoring_scalar(results):
+    c = results[0]["collectives"]
+    for variant in ("sparse_as_dense", "no_stats", "sum"):
+        assert c[variant] == ["HorovodGroupedAllreduce"], variant
+    # Horovod's sparse_as_dense=False: rows and indices allgathered, the rest in one allreduce
+    assert c["allgather"] == ["HorovodGroupedAllgather"] * 2 + ["HorovodGroupedAllreduce"]
+    # fp16: float16 gradients, and the float32 scalar in its own group
+    assert c["fp16"] == ["HorovodGroupedAllreduce"] * 2
+    assert results[1]["collectives"] == c
 
 
 def test_sum_doubles_the_average_update_with_two_workers(results):

@@ -10,6 +10,7 @@ which each rank can regenerate) and records measured and expected values:
   lazy        Sequential without Input, ranks seeded differently, broadcast
               callback: weights after the first step and after training
   warmup      LR warm-up and schedule callbacks: the rate before each batch
+  collectives the Horovod ops in one traced train step, per setting
 """
 
 import argparse
@@ -76,6 +77,8 @@ def reduce_phase():
         local = kwargs.pop("local", False)
         if local:
             kwargs["local_layers"] = [model.layers[-1]]
+        if kwargs.get("gradient_stats", True):
+            kwargs["batch_size"] = 6  # per worker: the statistics update at once
         opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(LR), **kwargs)
         model.compile(opt, "mse")
         w0 = [w.numpy() for w in model.trainable_variables]
@@ -97,8 +100,18 @@ def reduce_phase():
         }
         stats = opt.gradient_statistics
         if stats is not None:
+            # One update: |G|^2 = (m*total - local)/(m-1), tr(S) = b*m*(local - total)/(m-1)
+            # over the shared gradients only (worker-local ones are left out).
+            shared = [0] if local else range(len(w0))
+            local_sqr = np.mean([sum(float(np.sum(g[i] ** 2)) for i in shared) for g in per_rank])
+            total_sqr = sum(float(np.sum(np.mean([g[i] for g in per_rank], axis=0) ** 2))
+                            for i in shared)
+            m, b = size, 6
             r = stats.result()
-            out[name]["updates"] = int(r["updates"])
+            out[name]["stats"] = {"updates": int(r["updates"]), "grad_sqr": r["grad_sqr"],
+                                  "grad_var": r["grad_var"]}
+            out[name]["stats_expected"] = {"grad_sqr": (m * total_sqr - local_sqr) / (m - 1),
+                                           "grad_var": b * m * (local_sqr - total_sqr) / (m - 1)}
     results["reduce"] = out
 
 
@@ -188,6 +201,38 @@ def warmup_phase():
     results["warmup"] = out
 
 
+def collectives_phase():
+    out = {}
+    variants = {
+        "sparse_as_dense": {"sparse_as_dense": True},
+        "allgather": {},
+        "fp16": {"sparse_as_dense": True, "compression": hvd.Compression.fp16},
+        "no_stats": {"sparse_as_dense": True, "gradient_stats": False},
+        "sum": {"sparse_as_dense": True, "op": hvd.Sum},
+    }
+    for name, kwargs in variants.items():
+        model = embedding_model()
+        opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(LR), **kwargs)
+        x, y = data(rank)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+
+        step()
+        graph_def = step.get_concrete_function().graph.as_graph_def()
+        # Collectives may sit inside the branch functions of tf.cond.
+        types = [n.op for n in graph_def.node]
+        types += [n.op for f in graph_def.library.function for n in f.node_def]
+        out[name] = sorted(t for t in types if t.startswith("Horovod") and "Size" not in t
+                           and "Rank" not in t)
+    results["collectives"] = out
+
+
+collectives_phase()
 reduce_phase()
 accumulate_phase()
 lazy_phase()
