@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED := 1
 
 OPS_SRC := $(wildcard csrc/*.cc) setup.py
 
-.PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy bench clean
+.PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy test-install bench clean
 
 setup: setup-primary setup-legacy
 
@@ -32,15 +32,20 @@ demo: setup-primary
 	$(VENV)/bin/python examples/run_demo.py
 
 # The whole suite on the primary stack, then the op, optimizer, monitor and
-# distributed tests on the legacy stack.
+# distributed tests on the legacy stack, then keras-adapt installed from its
+# sdist-built wheel (not the editable checkout) on both stacks.
 test: setup
-	$(MAKE) test-primary test-legacy
+	$(MAKE) test-primary test-legacy test-install
 
 test-primary: setup-primary
 	$(VENV)/bin/python -m pytest tests
 
 test-legacy: setup-legacy
 	$(VENV2)/bin/python -m pytest tests -m "not primary_only"
+
+test-install: setup
+	bash tools/check_install.sh $(VENV)
+	bash tools/check_install.sh $(VENV2)
 
 bench: setup
 	$(VENV)/bin/python benchmarks/monitor_overhead.py

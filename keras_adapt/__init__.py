@@ -4,6 +4,10 @@ Replace ``hvd.DistributedOptimizer(opt)`` with
 ``keras_adapt.DistributedOptimizer(opt)``, add the callbacks you want from
 ``keras_adapt.callbacks``, and launch with ``horovodrun`` as before.
 
+The package imports its parts (and with them TensorFlow and Horovod) when
+they are first used, so the ``keras-adapt`` command starts quickly and
+quietly.
+
 Example:
 
 >>> import keras, keras_adapt
@@ -14,24 +18,33 @@ Example:
 True
 """
 
-from keras_adapt import actuators, callbacks, data, events, monitors, ops, policies
-from keras_adapt._hvd import local_rank, rank, size
-from keras_adapt.optimizer import DistributedOptimizer
-from keras_adapt.saving import load_model
+import importlib
+
 from keras_adapt.version import __version__
 
-__all__ = [
-    "DistributedOptimizer",
-    "__version__",
-    "actuators",
-    "callbacks",
-    "data",
-    "events",
-    "load_model",
-    "local_rank",
-    "monitors",
-    "ops",
-    "policies",
-    "rank",
-    "size",
-]
+#: Subpackages and modules reachable as attributes of the package.
+_MODULES = ("actuators", "callbacks", "data", "events", "monitors", "ops", "policies")
+#: Public names -> the module that defines them.
+_NAMES = {
+    "DistributedOptimizer": "keras_adapt.optimizer",
+    "load_model": "keras_adapt.saving",
+    "local_rank": "keras_adapt._hvd",
+    "rank": "keras_adapt._hvd",
+    "size": "keras_adapt._hvd",
+}
+
+__all__ = sorted(("__version__", *_MODULES, *_NAMES))
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        return importlib.import_module(f"keras_adapt.{name}")
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'keras_adapt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

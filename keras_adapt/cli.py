@@ -11,6 +11,7 @@ Example:
 """
 
 import argparse
+import os
 import sys
 
 __all__ = ["main"]
@@ -57,6 +58,9 @@ def main(argv=None):
         print(f"keras-adapt report: --max-points={args.max_points} is not valid; use 2 or more",
               file=sys.stderr)
         return 2
+    # TensorFlow (loaded with TensorBoard's reader) prints start-up lines at
+    # INFO level; a command-line tool shows only warnings and errors.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from keras_adapt import report
 
     try:

@@ -21,11 +21,44 @@ def _short(value):
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _changed_keys(before, after):
+    """The keys of ``after`` whose value differs from ``before`` (all if none does)."""
+    return [k for k in after if before.get(k) != after.get(k)] or list(after)
+
+
 def _changes(before, after):
-    """``key a -> b`` for the keys that changed, for the one-line printout."""
-    keys = [k for k in after if before.get(k) != after.get(k)] or list(after)
+    """``key a -> b`` for the keys that changed, for the one-line printout.
+
+    Example:
+
+    >>> from keras_adapt.policies.base import _changes
+    >>> _changes({"batch_size": 32, "accumulation": 1}, {"batch_size": 68, "accumulation": 1})
+    'batch_size 32 -> 68'
+    """
+    keys = _changed_keys(before, after)
     return ", ".join(f"{k} {_short(before[k])} -> {_short(after[k])}" if k in before
                      else f"{k} {_short(after[k])}" for k in keys)
+
+
+def _decision_line(event):
+    """The line ``verbose=1`` prints for one event; the kind is named only
+    when it is not already one of the changed keys.
+
+    Example:
+
+    >>> from keras_adapt.policies.base import _decision_line
+    >>> _decision_line({"step": 40, "epoch": 1, "kind": "batch_size", "reason": "gns 70 > 2 x 32",
+    ...                 "before": {"batch_size": 32}, "after": {"batch_size": 68}})
+    '[keras-adapt] step 40 epoch 1: batch_size 32 -> 68 (gns 70 > 2 x 32)'
+    >>> _decision_line({"step": 0, "epoch": 0, "kind": "resume", "reason": "restored",
+    ...                 "before": {}, "after": {"batch_size": 64}})
+    '[keras-adapt] step 0 epoch 0: resume batch_size 64 (restored)'
+    """
+    before, after = event["before"], event["after"]
+    changes = _changes(before, after)
+    prefix = "" if event["kind"] in _changed_keys(before, after) else f"{event['kind']} "
+    return (f"[keras-adapt] step {event['step']} epoch {event['epoch']}: "
+            f"{prefix}{changes} ({event['reason']})")
 
 
 class AdaptationPolicy(keras.callbacks.Callback):
@@ -87,8 +120,10 @@ class AdaptationPolicy(keras.callbacks.Callback):
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        if verbose not in (0, 1, 2, True, False):
-            raise ValueError(f"verbose={verbose!r} is not valid; use 0 or 1")
+        if verbose not in (0, 1) or not isinstance(verbose, (int, bool)):
+            raise ValueError(
+                f"verbose={verbose!r} is not valid; use 0 (silent) or 1 (print each "
+                "decision on rank 0)")
         self.verbose = int(verbose)
         #: Every event this policy recorded, in order (on every rank).
         self.events = []
@@ -251,8 +286,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
                             reason=reason, before=before, after=after, log_dir=self.log_dir)
         self.events.append(event)
         if self.verbose and _hvd.rank() == 0:
-            print(f"[keras-adapt] step {event['step']} epoch {event['epoch']}: {kind} "
-                  f"{_changes(before, after)} ({reason})", flush=True)
+            print(_decision_line(event), flush=True)
         return event
 
     # -- state ---------------------------------------------------------------

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Checks keras-adapt as a user installs it, not as an editable checkout:
+#   tools/check_install.sh VENV
+# 1. builds the sdist from this checkout,
+# 2. builds a wheel from that sdist (compiling csrc/ against VENV's TensorFlow),
+# 3. installs the wheel into a new environment that already has TensorFlow
+#    and Horovod (VENV's site-packages, chained by a .pth file; VENV's
+#    editable keras-adapt stays invisible there, because .pth files of a
+#    chained directory are not run),
+# 4. runs the install tests, the docstring examples and a 2-worker job there,
+#    from a directory outside the checkout.
+set -euo pipefail
+venv=$(cd "$1" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+py="$venv/bin/python"
+work=$(mktemp -d "${TMPDIR:-/tmp}/keras-adapt-install.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+
+log() { printf '\n[check-install %s] %s\n' "$(basename "$venv")" "$*"; }
+
+log "building the sdist"
+# setup.py writes its egg-info next to itself: build from a copy of the
+# checkout's files (tracked or new, never ignored ones such as built libraries).
+mkdir -p "$work/src"
+git -C "$root" ls-files -z --cached --others --exclude-standard \
+  | (cd "$root" && xargs -0 cp --parents -t "$work/src")
+(cd "$work/src" && "$py" setup.py -q sdist -d "$work/dist" >/dev/null)
+sdist=$(ls "$work"/dist/keras_adapt-*.tar.gz)
+
+log "building a wheel from $(basename "$sdist")"
+KERAS_ADAPT_REQUIRE_OPS=1 "$py" -m pip wheel -q --no-build-isolation --no-deps \
+  -w "$work/dist" "$sdist"
+wheel=$(ls "$work"/dist/keras_adapt-*.whl)
+
+log "installing $(basename "$wheel") into a new environment with the stack's TensorFlow and Horovod"
+"$py" -m venv "$work/env"
+site=$("$work/env/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+"$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$site/keras_adapt_stack.pth"
+"$work/env/bin/python" -m pip install -q --no-deps --no-index "$wheel"
+ln -s "$venv/bin/horovodrun" "$work/env/bin/horovodrun"
+
+log "testing the installed package (outside the checkout)"
+cd "$work"
+KERAS_ADAPT_TEST_INSTALLED=1 KERAS_ADAPT_CHECKOUT="$root" KERAS_ADAPT_OPS=native \
+  "$work/env/bin/python" -m pytest -p no:cacheprovider -q \
+  "$root/tests/test_install.py" "$root/tests/test_docstrings.py" "$root/tests/test_distributed.py"
