@@ -109,6 +109,21 @@ def test_lazily_built_model_is_identical_across_ranks(results):
     assert np.isfinite(np.concatenate([np.ravel(w) for w in a["final"]])).all()
 
 
+def test_ported_horovod_script_trains_checkpoints_on_rank_0_and_reloads(results):
+    a, b = results
+    assert a["port"]["wrote"] and not b["port"]["wrote"]  # BestModelCheckpoint: rank 0 only
+    assert a["port"]["weights"] == b["port"]["weights"]  # lazily built, broadcast after step 1
+    assert a["port"]["loss"] == b["port"]["loss"]  # MetricAverageCallback
+    assert a["port"]["loss"][-1] < a["port"]["loss"][0]
+    for r in results:
+        assert r["port"]["loaded_distributed"]
+        assert r["port"]["loaded_iterations"] == 4 * 96 // 16  # 24 updates: the state came along
+        if r["port"]["loss"] == sorted(r["port"]["loss"], reverse=True):  # last epoch was the best
+            np.testing.assert_array_equal(
+                np.concatenate([np.ravel(w) for w in r["port"]["loaded_weights"]]),
+                np.concatenate([np.ravel(w) for w in a["port"]["weights"]]))
+
+
 def _expected_warmup_and_schedule(factor):
     # warm-up 0.8/2 -> 0.8 over 2 epochs of 5 batches, then 0.8 * 0.5**(e-3) from epoch 3
     size, initial, warmup, steps = 2, 0.8, 2, 5

@@ -11,6 +11,9 @@ which each rank can regenerate) and records measured and expected values:
               callback: weights after the first step and after training
   warmup      LR warm-up and schedule callbacks: the rate before each batch
   collectives the Horovod ops in one traced train step, per setting
+  port        a Horovod-style script through keras_adapt.horovod: lazily built
+              model, warm-up, metric average, BestModelCheckpoint (rank 0
+              writes), load_model of the checkpoint
 """
 
 import argparse
@@ -232,7 +235,39 @@ def collectives_phase():
     results["collectives"] = out
 
 
+def port_phase():
+    import keras_adapt.horovod as hvdk
+
+    keras.utils.set_random_seed(50 + rank)
+    model = keras.Sequential([keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(3, activation="softmax")])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01 * hvdk.size()))
+    model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(96, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 0).astype(np.int32)
+    ckpt_dir = os.path.join(args.out, f"ckpt_rank{rank}")
+    os.makedirs(ckpt_dir, exist_ok=True)
+    path = os.path.join(ckpt_dir, "best.keras")
+    h = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[
+        hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvdk.callbacks.MetricAverageCallback(),
+        hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvdk.size(), warmup_epochs=2),
+        hvdk.callbacks.BestModelCheckpoint(monitor="loss", filepath=path)])
+    out = {"loss": h.history["loss"], "wrote": os.path.exists(path),
+           "weights": [w.tolist() for w in model.get_weights()]}
+    # every rank loads rank 0's best checkpoint (the last epoch if the loss kept falling)
+    rank0_path = os.path.join(args.out, "ckpt_rank0", "best.keras")
+    hvd.allreduce(tf.constant(0.0), name="port_checkpoint_written")  # rank 0 has written
+    loaded = hvdk.load_model(rank0_path)
+    out["loaded_distributed"] = keras_adapt.optimizer.is_distributed(loaded.optimizer)
+    out["loaded_iterations"] = int(np.asarray(loaded.optimizer.iterations))
+    out["loaded_weights"] = [w.tolist() for w in loaded.get_weights()]
+    results["port"] = out
+
+
 collectives_phase()
+port_phase()
 reduce_phase()
 accumulate_phase()
 lazy_phase()
