@@ -96,8 +96,8 @@ def emit(kind, step, epoch, policy, reason, before, after, log_dir=None, rank=No
     Example:
 
     >>> from keras_adapt import events
-    >>> events.emit("checkpoint", 5, 0, "demo", "epoch end", {}, {"path": "ckpt"})["kind"]
-    'checkpoint'
+    >>> events.emit("resume", 5, 0, "demo", "state restored", {}, {"last_adapt": 0})["kind"]
+    'resume'
     """
     if rank is None:
         from keras_adapt import _hvd

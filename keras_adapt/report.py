@@ -18,8 +18,8 @@ Example:
 >>> with tf.summary.create_file_writer(os.path.join(logdir, "run1")).as_default():
 ...     for s in range(1, 20):
 ...         _ = summary.scalar("gns", 100.0 + s, step=s)
-...     _ = summary.event(metadata.make_event("batch_size", 10, 0, "demo", "gns grew",
-...                                           {"batch_size": 32}, {"batch_size": 64}))
+...     _ = summary.events([metadata.make_event("batch_size", 10, 0, "demo", "gns grew",
+...                                             {"batch_size": 32}, {"batch_size": 64})])
 >>> runs = report.load_runs(logdir)
 >>> [(r.name, len(r.series["adapt/gns"]), len(r.events)) for r in runs]
 [('run1', 19, 1)]
@@ -32,21 +32,21 @@ import base64
 import dataclasses
 import html
 import io
+import math
 import os
 import struct
 
 from tensorboard_plugin_adapt import metadata, reader
 
-__all__ = ["RunData", "load_runs", "plot_runs", "png_size", "write_report"]
+__all__ = ["RunData", "build_figure", "load_runs", "plot_runs", "png_size", "tick_label",
+           "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
 WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
 
-KIND_COLORS = {
-    "batch_size": "#1f77b4", "lr": "#ff7f0e", "resize": "#2ca02c",
-    "sync_strategy": "#9467bd", "straggler": "#d62728", "preemption": "#8c564b",
-    "checkpoint": "#17becf", "resume": "#bcbd22", "policy_error": "#e377c2",
-}
+#: One colour per declared event kind, the same as the Adapt tab's
+#: (``static/index.js``); other kinds are grey.
+KIND_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resume": "#bcbd22"}
 UNKNOWN_COLOR = "#7f7f7f"
 
 
@@ -72,7 +72,7 @@ def _provider(logdir):
 
     # Keep every point (0): the report downsamples itself, like the tab.
     mux = plugin_event_multiplexer.EventMultiplexer(
-        tensor_size_guidance={metadata.PLUGIN_NAME: 0})
+        tensor_size_guidance={metadata.PLUGIN_NAME: 0, metadata.SCALARS_PLUGIN_NAME: 0})
     mux.AddRunsFromDirectory(logdir)
     mux.Reload()
     return data_provider.MultiplexerDataProvider(mux, logdir)
@@ -120,7 +120,8 @@ def load_runs(logdir, runs=None, max_points=2000):
             if name in listed else {}
         events, skipped = ([], 0)
         if listed.get(name, {}).get("events"):
-            events, skipped = reader.read_events(provider, ctx, eid, name)
+            events, skipped, newer = reader.read_events(provider, ctx, eid, name)
+            skipped += newer
         if not events and name in jsonl:
             events = [reader.annotate(e) for e in events_mod.read_events(jsonl[name])]
             events.sort(key=lambda e: (e["step"], e["wall_time"]))
@@ -134,7 +135,35 @@ def _mpl_text(text):
     return str(text).replace("$", r"\$")
 
 
-def _panel(ax, title, lines, events, log=False):
+def tick_label(value, _pos=None):
+    """A y-axis label for people: integers as integers, else up to 4 significant digits.
+
+    Example:
+
+    >>> from keras_adapt.report import tick_label
+    >>> tick_label(2.0), tick_label(256.0), tick_label(0.019999999552965164), tick_label(1e-5)
+    ('2', '256', '0.02', '1e-05')
+    """
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def _integer_axis(ax, lines):
+    """Integer ticks for a series of whole numbers (workers), at least 1 apart."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    values = [v for _, points, _, _ in lines for _, _, v in points if v is not None]
+    if values:
+        lo, hi = min(values), max(values)
+        if hi - lo < 2:
+            ax.set_ylim(max(0.0, lo - 1) if lo >= 0 else lo - 1, hi + 1)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
+
+
+def _panel(ax, title, lines, events, log=False, integer=False):
     ax.set_title(title, fontsize=10)
     drawn = False
     for label, points, color, step in lines:
@@ -148,7 +177,14 @@ def _panel(ax, title, lines, events, log=False):
             ax.plot(xs, ys, color=color, label=label, linewidth=1.2)
         drawn = True
     if log and drawn:
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_yscale("log")
+        # Plain numbers (a batch of 256 reads "256", not 2.56 x 10^2).
+        ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, pos: _minor_log_label(ax, v)))
+    elif integer and drawn:
+        _integer_axis(ax, lines)
     for e in events:
         ax.axvline(e["step"], color=KIND_COLORS.get(e["kind"], UNKNOWN_COLOR),
                    linestyle="--", linewidth=1.0, alpha=0.8)
@@ -158,8 +194,17 @@ def _panel(ax, title, lines, events, log=False):
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
                 color="#9e9e9e")
     ax.set_xlabel("step", fontsize=8)
-    ax.tick_params(labelsize=8)
+    ax.tick_params(which="both", labelsize=8)
     ax.grid(True, alpha=0.3)
+
+
+def _minor_log_label(ax, value):
+    """Labels some minor ticks of a short log axis: 2, 3, 5 (one decade) or 2, 5 (two)."""
+    lo, hi = ax.get_ylim()
+    if value <= 0 or not (lo > 0 and hi / lo < 100):
+        return ""
+    digit = round(value / 10 ** math.floor(math.log10(value)))
+    return tick_label(value) if digit in ((2, 3, 5) if hi / lo < 10 else (2, 5)) else ""
 
 
 def _step_time_lines(series):
@@ -171,32 +216,34 @@ def _step_time_lines(series):
             for i, t in enumerate(tags)]
 
 
-def plot_runs(runs, path_or_file, dpi=DPI):
-    """Draws the runs (one block of six panels each) into a PNG of fixed size.
+def build_figure(runs, dpi=DPI):
+    """The report's matplotlib ``Figure``: one block of six panels per run.
 
-    The PNG is ``WIDTH_IN * dpi`` pixels wide and ``RUN_HEIGHT_IN * dpi`` high
-    per run: noise scale and global batch size (log scale), learning rate
-    and workers (step lines), throughput, per-worker step times, and the
-    event kinds' legend; a dashed vertical line marks every event.
+    Per run: noise scale and global batch size (log scale), learning rate
+    and workers (step lines; workers with integer ticks), throughput,
+    per-worker step times, and the event kinds' legend; a dashed vertical
+    line marks every event. Tick labels are plain numbers (integers as
+    integers). The figure is ``WIDTH_IN * dpi`` pixels wide and
+    ``RUN_HEIGHT_IN * dpi`` high per run.
 
     Example:
 
-    >>> import io
-    >>> from keras_adapt.report import RunData, plot_runs, png_size
-    >>> buf = io.BytesIO()
-    >>> plot_runs([RunData("a", {"adapt/lr": [(0, 0.0, 0.1), (9, 0.0, 0.2)]}, [])], buf)
-    >>> png_size(buf.getvalue())
-    (1400, 650)
+    >>> from keras_adapt.report import RunData, build_figure
+    >>> fig = build_figure([RunData("a", {"adapt/workers": [(0, 0.0, 2.0), (9, 0.0, 2.0)]}, [])])
+    >>> [ax.get_title() for ax in fig.axes][:3]
+    ['noise scale and global batch size', 'learning rate', 'workers']
     """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     if not runs:
         raise ValueError("runs is empty; there is nothing to draw")
     fig = Figure(figsize=(WIDTH_IN, RUN_HEIGHT_IN * len(runs)), dpi=dpi)
+    FigureCanvasAgg(fig)
     subfigs = fig.subfigures(len(runs), 1, squeeze=False)[:, 0]
     tag = metadata.SCALAR_TAGS
     for sub, run in zip(subfigs, runs):
@@ -208,7 +255,8 @@ def plot_runs(runs, path_or_file, dpi=DPI):
             ("global batch size", s.get(tag["batch_size"], []), "#00897b", True),
         ], ev, log=True)
         _panel(axes[0, 1], "learning rate", [("lr", s.get(tag["lr"], []), "#ef6c00", True)], ev)
-        _panel(axes[0, 2], "workers", [("workers", s.get(tag["workers"], []), "#2e7d32", True)], ev)
+        _panel(axes[0, 2], "workers", [("workers", s.get(tag["workers"], []), "#2e7d32", True)], ev,
+               integer=True)
         _panel(axes[1, 0], "throughput (samples/s)",
                [("samples/s", s.get(tag["throughput"], []), "#1565c0", False)], ev)
         _panel(axes[1, 1], "step time per worker (s)", _step_time_lines(s), ev)
@@ -224,7 +272,22 @@ def plot_runs(runs, path_or_file, dpi=DPI):
             legend_ax.text(0.5, 0.5, "no adaptation events", ha="center", va="center",
                            color="#9e9e9e")
         sub.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.09, hspace=0.45, wspace=0.25)
-    fig.savefig(path_or_file, format="png", dpi=dpi)
+    return fig
+
+
+def plot_runs(runs, path_or_file, dpi=DPI):
+    """Draws the runs (:func:`build_figure`) into a PNG of fixed size.
+
+    Example:
+
+    >>> import io
+    >>> from keras_adapt.report import RunData, plot_runs, png_size
+    >>> buf = io.BytesIO()
+    >>> plot_runs([RunData("a", {"adapt/lr": [(0, 0.0, 0.1), (9, 0.0, 0.2)]}, [])], buf)
+    >>> png_size(buf.getvalue())
+    (1400, 650)
+    """
+    build_figure(runs, dpi=dpi).savefig(path_or_file, format="png", dpi=dpi)
 
 
 def png_size(path_or_bytes):

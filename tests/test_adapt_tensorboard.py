@@ -12,23 +12,27 @@ from keras_adapt import events
 from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
 from tensorboard_plugin_adapt import metadata, reader
 
+import tensorboard_loaders
 from conftest import horovodrun, load_rank_results
 
 T = metadata.SCALAR_TAGS
 
 
-def read_run(log_dir):
-    """(series, events) of the run in ``log_dir`` as the plugin reads them."""
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-
-    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"adapt": 0})
-    mux.AddRun(log_dir, name="run")
-    mux.Reload()
-    provider = data_provider.MultiplexerDataProvider(mux, log_dir)
-    series = reader.read_series(provider, None, "", "run")
-    evs, skipped = reader.read_events(provider, None, "", "run")
-    assert skipped == 0
+def read_run(log_dir, loader="python"):
+    """(series, events) of the run in ``log_dir`` as the tab reads them with ``loader``."""
+    parent, name = os.path.split(os.path.normpath(str(log_dir)))
+    provider, stop = tensorboard_loaders.provider(loader, parent, expect_runs=[name])
+    try:
+        series = reader.read_series(provider, None, "", name)
+        evs, skipped, newer = reader.read_events(provider, None, "", name)
+    finally:
+        stop()
+    assert (skipped, newer) == (0, 0)
     return series, evs
+
+
+def fields(event):
+    return {k: event[k] for k in metadata.EVENT_FIELDS}
 
 
 def values(series, tag):
@@ -42,18 +46,19 @@ def small_data(n=320, dim=4, seed=0):
 
 
 class EmitEvents(keras.callbacks.Callback):
-    """Emits one event per epoch end, like a policy; records what emit returned."""
+    """Emits ``kinds`` (several events at one step) at each epoch end, like a policy."""
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir, kinds, emitted):
         super().__init__()
-        self.log_dir, self.emitted = log_dir, []
+        self.log_dir, self.kinds, self.emitted = log_dir, kinds, emitted
 
     def on_epoch_end(self, epoch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        self.emitted.append(events.emit(
-            ("batch_size", "resize")[epoch % 2], step=step, epoch=epoch, policy="TestPolicy",
-            reason=f"<b>epoch {epoch}</b>", before={"n": epoch}, after={"n": epoch + 1},
-            log_dir=self.log_dir))
+        for kind in self.kinds:
+            self.emitted.append(events.emit(
+                kind, step=step, epoch=epoch, policy="TestPolicy",
+                reason=f"<b>epoch {epoch}</b>", before={"n": epoch}, after={"n": epoch + 0.1},
+                log_dir=self.log_dir))
 
 
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
@@ -63,10 +68,16 @@ def test_writes_series_step_times_and_events(tmp_path, order):
     x, y = small_data()
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
-    adapt, monitor, emitter = AdaptTensorBoard(log_dir, update_freq=4), GradientStatsMonitor(4), EmitEvents(log_dir)
+    adapt, monitor = AdaptTensorBoard(log_dir, update_freq=4), GradientStatsMonitor(4)
+    emitted = []
+    # Events at one step from a callback before AdaptTensorBoard (written at
+    # its epoch-end write) and from one after it (arriving after that step
+    # was written).
+    before = EmitEvents(log_dir, ("batch_size", "lr"), emitted)
+    after = EmitEvents(log_dir, ("lr",), emitted)
     callbacks = [monitor, adapt] if order == "monitor_first" else [adapt, monitor]
     history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False,
-                        callbacks=callbacks + [emitter])
+                        callbacks=[before] + callbacks + [after])
     series, evs = read_run(log_dir)
 
     assert set(series) == set(T.values()) | {metadata.step_time_tag(0)}
@@ -85,11 +96,50 @@ def test_writes_series_step_times_and_events(tmp_path, order):
         assert throughput > 0 and step_time[step] > 0
         assert throughput * step_time[step] == pytest.approx(32.0, rel=1e-5)
 
-    assert [{k: e[k] for k in metadata.EVENT_FIELDS} for e in evs] == emitter.emitted
-    assert [e["step"] for e in evs] == [10, 20]
-    assert adapt._on_event not in events._listeners  # removed at train end
-    # The JSONL file written by emit() on rank 0 holds the same records.
-    assert events.read_events(log_dir) == emitter.emitted
+    assert [fields(e) for e in evs] == emitted
+    assert [(e["step"], e["kind"]) for e in evs] == [
+        (10, "batch_size"), (10, "lr"), (10, "lr"), (20, "batch_size"), (20, "lr"), (20, "lr")]
+    # The JSONL file written by emit() on rank 0 holds the same records, and
+    # TensorBoard's default loader (its data server) shows every one of them.
+    assert events.read_events(log_dir) == emitted
+    _, served = read_run(log_dir, "data_server")
+    assert [fields(e) for e in served] == emitted
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_resumed_run_shows_the_whole_event_log(tmp_path):
+    """A new writer on the same log_dir (a resumed job) keeps what the tab showed, and adds to it."""
+    log_dir = str(tmp_path / "run")
+    x, y = small_data()
+    emitted = []
+
+    def model():
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        m.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+        return m
+
+    first = model()
+    first.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[
+        GradientStatsMonitor(4), AdaptTensorBoard(log_dir, update_freq=4),
+        EmitEvents(log_dir, ("batch_size", "lr"), emitted)])
+    # "Crash" after step 20; the resumed job restarts from a checkpoint of
+    # step 10 with a new callback and re-decides at step 20; its policy
+    # records a resume event at its first step.
+    second = model()
+    second.fit(x, y, batch_size=32, epochs=1, verbose=0)  # the restored 10 steps
+    emitted.append(events.emit("resume", step=10, epoch=1, policy="TestPolicy",
+                               reason="state restored", before={}, after={"last_adapt": 10},
+                               log_dir=log_dir))
+    second.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[
+        GradientStatsMonitor(4), AdaptTensorBoard(log_dir, update_freq=4),
+        EmitEvents(log_dir, ("batch_size",), emitted)])
+    jsonl = events.read_events(log_dir)
+    assert sorted(jsonl, key=lambda e: (e["step"], e["wall_time"])) == sorted(
+        emitted, key=lambda e: (e["step"], e["wall_time"]))
+    assert len(jsonl) == 6
+    for loader in tensorboard_loaders.LOADERS:
+        _, evs = read_run(log_dir, loader)
+        assert [fields(e) for e in evs] == sorted(jsonl, key=lambda e: (e["step"], e["wall_time"])), loader
 
 
 def test_lr_schedule_and_given_batch_size_without_statistics(tmp_path):
@@ -163,7 +213,11 @@ def test_two_workers_shared_series_from_rank0_step_times_from_both(tmp_path):
     gns = values(series, T["gns"])
     assert gns[24] == pytest.approx(results[0]["gns"][0], rel=1e-6)
     assert results[0]["gns"] == results[1]["gns"]
-    # Each rank emitted the same two events; they are recorded once.
-    assert [(e["kind"], e["step"], e["rank"]) for e in evs] == [("batch_size", 24, 0), ("lr", 48, 0)]
+    # Each rank emitted the same events (two at each epoch end); they are
+    # recorded once, all of them, with both of TensorBoard's loaders.
+    assert [(e["kind"], e["step"], e["rank"]) for e in evs] == [
+        ("batch_size", 24, 0), ("lr", 24, 0), ("batch_size", 48, 0), ("lr", 48, 0)]
+    _, served = read_run(str(log_dir), "data_server")
+    assert served == evs
     with open(log_dir / metadata.EVENTS_FILENAME) as f:
-        assert [json.loads(line)["step"] for line in f] == [24, 48]
+        assert [fields(json.loads(line)) for line in f] == [fields(e) for e in evs]

@@ -1,9 +1,16 @@
 """End to end: a real TensorBoard over a real training run, the Adapt tab in headless Chromium.
 
+The run records several events per step (as the policies do: a batch-size
+change and its lr change), from callbacks before and after
+AdaptTensorBoard, and one before training starts; what the tab shows (table
+rows, markers) and what the events route answers -- with TensorBoard's
+default loader (its Rust data server) and with ``--load_fast=false`` --
+are compared with the run's ``adapt_events.jsonl``.
+
 Needs Debian's ``chromium`` (``make setup`` installs it when run as root)
 and the ``playwright`` package (requirements/primary.txt), driven with the
 system browser; never ``playwright install``. Skips with the reason when
-either is missing. Saves a screenshot to ``test-artifacts/adapt_tab.png``.
+either is missing. Saves screenshots to ``test-artifacts/``.
 """
 
 import json
@@ -25,7 +32,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARTIFACTS = os.path.join(os.path.dirname(HERE), "test-artifacts")
 HOSTILE = "<img src=x onerror=alert(1)>"
-EVENT_KINDS = ("batch_size", "lr", "resize")  # one per epoch of the training run
+EPOCHS = 3
+LR_AFTER = float(np.float32(0.02))  # 0.019999999552965164, as a policy computes it
 TIMEOUT_MS = 60_000
 
 
@@ -46,17 +54,35 @@ def _free_port():
 
 
 def _train(log_dir):
-    """A short real training run with AdaptTensorBoard and one event per epoch."""
+    """A short real training run with AdaptTensorBoard and several events per step."""
     import keras
     import keras_adapt
     from keras_adapt import events
     from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
 
-    class Emit(keras.callbacks.Callback):
+    def emit(model, kind, epoch, before, after):
+        events.emit(kind, step=int(model.optimizer.iterations.numpy()), epoch=epoch,
+                    policy="BrowserTestPolicy", reason=f"{kind} at epoch {epoch}",
+                    before=before, after=after, log_dir=log_dir)
+
+    class Decide(keras.callbacks.Callback):
+        """Before AdaptTensorBoard: a resume event before training, then a batch-size
+        change and its lr change at each epoch end (two events, one step)."""
+
+        def on_train_begin(self, logs=None):
+            emit(self.model, "resume", 0, {}, {"last_adapt": 0})
+
         def on_epoch_end(self, epoch, logs=None):
-            events.emit(EVENT_KINDS[epoch], step=int(self.model.optimizer.iterations.numpy()),
-                        epoch=epoch, policy="BrowserTestPolicy", reason=f"reason {epoch}",
-                        before={"value": epoch}, after={"value": epoch + 1}, log_dir=log_dir)
+            emit(self.model, "batch_size", epoch, {"batch_size": 16 * 2 ** epoch},
+                 {"batch_size": 16 * 2 ** (epoch + 1)})
+            emit(self.model, "lr", epoch, {"lr": 0.01}, {"lr": LR_AFTER})
+
+    class Late(keras.callbacks.Callback):
+        """After AdaptTensorBoard: one more event at the step it has just written."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                emit(self.model, "lr", epoch, {"lr": LR_AFTER}, {"lr": 0.0125})
 
     rng = np.random.default_rng(0)
     x = rng.random((480, 8)).astype("float32")
@@ -64,8 +90,9 @@ def _train(log_dir):
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(1)])
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
-    model.fit(x, y, batch_size=16, epochs=len(EVENT_KINDS), verbose=0, callbacks=[
-        GradientStatsMonitor(interval=3), AdaptTensorBoard(log_dir, update_freq=3), Emit()])
+    model.fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, callbacks=[
+        Decide(), GradientStatsMonitor(interval=3), AdaptTensorBoard(log_dir, update_freq=3),
+        Late()])
 
 
 def _write_hostile_run(log_dir):
@@ -75,7 +102,7 @@ def _write_hostile_run(log_dir):
     with tf.summary.create_file_writer(log_dir).as_default():
         for s in range(5):
             summary.scalar("gns", 10.0 + s, step=s)
-        summary.event(metadata.make_event("checkpoint", 2, 0, HOSTILE, HOSTILE, {}, {"x": HOSTILE}))
+        summary.events([metadata.make_event("resume", 2, 0, HOSTILE, HOSTILE, {}, {"x": HOSTILE})])
 
 
 def _wait_for_tab(base, proc, timeout=90):
@@ -100,29 +127,83 @@ def _wait_for_tab(base, proc, timeout=90):
     pytest.fail(f"the Adapt tab did not become enabled within {timeout}s (last: {last})")
 
 
-@pytest.fixture()
-def tensorboard_url(tmp_path):
-    _requirements()
-    logdir = tmp_path / "logs"
-    _train(str(logdir / "train"))
-    _write_hostile_run(str(logdir / HOSTILE))
+def _start_tensorboard(logdir, *flags):
     port = _free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "tensorboard.main"]
-    cmd += [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1"]
+    cmd += [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", *flags]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_for_tab(base, proc)
+    except BaseException:
+        _stop(proc)
+        raise
+    return base, proc
+
+
+def _stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=20)
+
+
+@pytest.fixture()
+def run_logdir(tmp_path):
+    _requirements()
+    logdir = tmp_path / "logs"
+    _train(str(logdir / "train"))
+    _write_hostile_run(str(logdir / HOSTILE))
+    return logdir
+
+
+@pytest.fixture()
+def tensorboard_url(run_logdir):
+    """Plain ``tensorboard --logdir``: its default loader (the Rust data server)."""
+    base, proc = _start_tensorboard(run_logdir)
+    try:
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+        _stop(proc)
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _jsonl(logdir):
+    from keras_adapt import events
+
+    return sorted(events.read_events(str(logdir / "train")), key=lambda e: (e["step"], e["wall_time"]))
+
+
+def _fields(event):
+    from tensorboard_plugin_adapt import metadata
+
+    return {k: event[k] for k in metadata.EVENT_FIELDS}
+
+
+def test_events_route_equals_the_jsonl_with_both_loaders(run_logdir, tensorboard_url):
+    expected = _jsonl(run_logdir)
+    steps = [e["step"] for e in expected]
+    assert len(expected) == 1 + 2 * EPOCHS + 1 and len(set(steps)) < len(steps)
+    served = _get(tensorboard_url + "/data/plugin/adapt/events?run=train")
+    assert [_fields(e) for e in served["events"]] == expected
+    assert served["skipped"] == 0 and served["newer"] == 0
+    base, proc = _start_tensorboard(run_logdir, "--load_fast=false")
+    try:
+        python_loaded = _get(base + "/data/plugin/adapt/events?run=train")
+    finally:
+        _stop(proc)
+    assert python_loaded["events"] == served["events"]
+    # TensorBoard's own Scalars tab lists the adapt/* series.
+    tags = _get(tensorboard_url + "/data/plugin/scalars/tags")["train"]
+    assert {"adapt/gns", "adapt/batch_size", "adapt/lr", "adapt/workers"} <= set(tags)
 
 
 def _adapt_frame(page, timeout=60):
@@ -135,11 +216,17 @@ def _adapt_frame(page, timeout=60):
     pytest.fail(f"no Adapt iframe; frames: {[f.url for f in page.frames]}")
 
 
-def test_adapt_tab_renders_charts_markers_and_events(tensorboard_url):
+def _compact(value):
+    """What the page's compact() (JSON.stringify) gives for a before/after dict."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url):
     from playwright.sync_api import sync_playwright
 
     os.makedirs(ARTIFACTS, exist_ok=True)
-    n = len(EVENT_KINDS)
+    expected = _jsonl(run_logdir)
+    n = len(expected)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
         try:
@@ -157,29 +244,59 @@ def test_adapt_tab_renders_charts_markers_and_events(tensorboard_url):
             frame.wait_for_selector('body[data-adapt-ready="train"]')
 
             # Charts: the noise-scale/batch chart has both series; every chart
-            # has one marker per event.
+            # has one marker per event of the JSONL, in its order.
             assert frame.locator('svg[data-chart="noise"] path.adapt-series').count() == 2
             for chart in ("noise", "lr", "workers", "throughput", "step_time"):
                 assert frame.locator(f'svg[data-chart="{chart}"] path.adapt-series').count() >= 1, chart
                 assert frame.locator(f'svg[data-chart="{chart}"] .adapt-marker').count() == n, chart
-            kinds = [frame.locator('svg[data-chart="noise"] .adapt-marker').nth(i).get_attribute("data-kind")
-                     for i in range(n)]
-            assert kinds == list(EVENT_KINDS)
+            markers = frame.locator('svg[data-chart="noise"] .adapt-marker')
+            assert [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute("data-kind"))
+                    for i in range(n)] == [(e["step"], e["kind"]) for e in expected]
 
+            # Whole numbers of workers get whole-number ticks (one worker: 0, 1, 2).
+            y_labels = frame.locator('svg[data-chart="workers"] text.axis[text-anchor="end"]')
+            labels = [y_labels.nth(i).text_content() for i in range(y_labels.count())]
+            assert "1" in labels and all(label.isdigit() for label in labels), labels
+
+            # The table: one row per JSONL record, same fields; numbers rounded
+            # for reading, the exact values in the cells' titles.
             rows = frame.locator("#adapt-events tbody tr")
             assert rows.count() == n
+            for i, e in enumerate(expected):
+                cells = rows.nth(i).locator("td")
+                texts = [cells.nth(j).inner_text() for j in range(7)]
+                assert texts[:5] == [str(e["step"]), str(e["epoch"]), e["kind"], e["policy"], e["reason"]]
+                assert cells.nth(5).get_attribute("title") == _compact(e["before"])
+                assert cells.nth(6).get_attribute("title") == _compact(e["after"])
+                for cell, values in ((texts[5], e["before"]), (texts[6], e["after"])):
+                    for key, value in values.items():
+                        shown = str(value) if isinstance(value, int) else f"{value:.4g}"
+                        assert f"{key}: {shown}" in cell, (cell, values)
+            lr_cells = [rows.nth(i).locator("td").nth(6).inner_text()
+                        for i, e in enumerate(expected) if e["kind"] == "lr"]
+            assert "lr: 0.02" in lr_cells and not any("0.0199999" in c for c in lr_cells)
+            assert "batch_size: 32" in rows.nth(1).locator("td").nth(6).inner_text()
+
+            n_lr = sum(e["kind"] == "lr" for e in expected)
             frame.select_option("#adapt-kind-filter", "lr")
-            assert rows.count() == 1 and "reason 1" in rows.first.inner_text()
+            assert rows.count() == n_lr and "lr at epoch 0" in rows.first.inner_text()
             frame.select_option("#adapt-kind-filter", "")
             assert rows.count() == n
 
-            # Hover a marker: reason and before/after in the tooltip.
-            frame.locator('svg[data-chart="lr"] .adapt-marker line').nth(3).hover(force=True)
+            # Hover the markers of the step with three events: the tooltip lists them all.
+            late_step = [e for e in expected if e["before"] == {"lr": LR_AFTER}][0]["step"]
+            same = [e for e in expected if e["step"] == late_step]
+            assert len(same) == 3
+            frame.locator(f'svg[data-chart="lr"] .adapt-marker[data-step="{late_step}"] line').nth(1).hover(
+                force=True)
             tip = frame.locator("#adapt-tooltip")
             tip.wait_for(state="visible")
-            assert "reason 1" in tip.inner_text() and '"value":2' in tip.inner_text()
+            text = tip.inner_text()
+            assert all(e["reason"] in text for e in same), text
+            assert "after:  batch_size: 64" in text and "lr: 0.0125" in text
 
             page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab.png"), full_page=True)
+            frame.locator("#adapt-events").screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_events.png"))
 
             # A hostile run name and event text render as text, never as markup.
             frame.select_option("#adapt-run", HOSTILE)
@@ -194,5 +311,13 @@ def test_adapt_tab_renders_charts_markers_and_events(tensorboard_url):
             assert dialogs == []
             assert outside == [], f"requests left the machine: {outside}"
             page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_hostile_run.png"), full_page=True)
+
+            # TensorBoard's own Scalars tab draws the adapt/* series too.
+            page.goto(tensorboard_url + "/#scalars", wait_until="domcontentloaded")
+            for tag in ("adapt/gns", "adapt/batch_size", "adapt/lr"):
+                page.get_by_text(tag, exact=True).first.wait_for(state="visible")
+            page.wait_for_load_state("networkidle")
+            page.wait_for_timeout(1500)  # the charts draw after their data arrives
+            page.screenshot(path=os.path.join(ARTIFACTS, "scalars_tab.png"), full_page=True)
         finally:
             browser.close()

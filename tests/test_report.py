@@ -24,10 +24,13 @@ def _write_run(path, n_events, reason="gns grew", steps=50):
             summary.scalar("throughput", 900.0 + s, step=s)
             summary.step_time(0, 0.02, step=s)
             summary.step_time(1, 0.021, step=s)
-        for i in range(n_events):
-            summary.event(metadata.make_event(
-                metadata.EVENT_KINDS[i % len(metadata.EVENT_KINDS)], 5 + 10 * i, 0, "TestPolicy",
-                reason, {"batch_size": 32}, {"batch_size": 64, "note": HOSTILE}))
+        # Two events per step (as a batch-size change and its lr change).
+        records = [metadata.make_event(
+            metadata.EVENT_KINDS[i % len(metadata.EVENT_KINDS)], 5 + 10 * (i // 2), 0,
+            "TestPolicy", reason, {"batch_size": 32}, {"batch_size": 64, "note": HOSTILE})
+            for i in range(n_events)]
+        for step in sorted({r["step"] for r in records}):
+            summary.events([r for r in records if r["step"] == step])
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def logdir(tmp_path_factory):
     jsonl_dir.mkdir()
     with open(jsonl_dir / metadata.EVENTS_FILENAME, "w") as f:
         f.write(metadata.event_to_json(metadata.make_event(
-            "resize", 7, 0, "P", "scale up", {"workers": 1}, {"workers": 2})) + "\n")
+            "batch_size", 7, 0, "P", "scale up", {"batch_size": 32}, {"batch_size": 64})) + "\n")
         f.write('{"step": 9, "kind": "checkp')  # truncated by a crash
     # Garbage next to the runs must not stop the report.
     (root / "broken").mkdir()
@@ -58,6 +61,44 @@ def test_png_has_the_expected_size(logdir, tmp_path):
     assert (width, height) == (int(report.WIDTH_IN * report.DPI),
                                int(report.RUN_HEIGHT_IN * report.DPI) * 3)
     assert os.path.getsize(out) > 20_000  # charts, not a blank page
+
+
+def test_events_of_one_step_all_reach_the_report(logdir):
+    (run,) = report.load_runs(logdir, runs=[HOSTILE])
+    assert [(e["step"], e["kind"]) for e in run.events] == [
+        (5, "batch_size"), (5, "lr"), (15, "resume")]
+
+
+def _tick_labels(axis):
+    """The y tick labels drawn inside the visible range of ``axis`` (major and minor)."""
+    lo, hi = axis.get_ylim()
+    labels = []
+    for tick in axis.yaxis.get_major_ticks() + axis.yaxis.get_minor_ticks():
+        if lo <= tick.get_loc() <= hi and tick.label1.get_visible() and tick.label1.get_text():
+            labels.append(tick.label1.get_text())
+    return labels
+
+
+@pytest.mark.parametrize("workers,batch", [(2.0, (32.0, 64.0)), (1.0, (256.0, 256.0))])
+def test_integer_series_get_integer_ticks(workers, batch):
+    """Workers (constant 2, or 1) and batch sizes are labelled as whole numbers, never 1.900."""
+    steps = range(0, 40, 2)
+    series = {
+        metadata.SCALAR_TAGS["workers"]: [(s, 0.0, workers) for s in steps],
+        metadata.SCALAR_TAGS["batch_size"]: [(s, 0.0, batch[s >= 20]) for s in steps],
+        metadata.SCALAR_TAGS["gns"]: [(s, 0.0, 40.0 + 1.5 * s) for s in steps],
+        metadata.SCALAR_TAGS["lr"]: [(s, 0.0, 0.019999999552965164) for s in steps],
+    }
+    fig = report.build_figure([report.RunData("r", series, [])])
+    fig.canvas.draw()
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    labels = _tick_labels(axes["workers"])
+    assert labels and all(label.lstrip("-").isdigit() for label in labels), labels
+    assert str(int(workers)) in labels
+    noise = _tick_labels(axes["noise scale and global batch size"])
+    assert noise and all(label.isdigit() for label in noise), noise  # log axis: 20, 50, 100, ...
+    lo, hi = axes["noise scale and global batch size"].get_ylim()
+    assert lo <= min(batch) and max(batch) <= hi
 
 
 def test_html_contains_every_event_escaped(logdir, tmp_path):
@@ -93,3 +134,18 @@ def test_bad_input_is_explained(logdir, tmp_path, capsys, args, message):
     args = [a.format(logdir=logdir, tmp=tmp_path) for a in args]
     assert cli.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_kind_colours_match_the_tab_and_the_declared_kinds():
+    """The report and the Adapt tab colour exactly the declared kinds, alike."""
+    import re
+
+    from tensorboard_plugin_adapt import plugin
+
+    with open(os.path.join(plugin.STATIC_DIR, "index.js"), encoding="utf-8") as f:
+        js = f.read()
+    block = re.search(r"const KIND_COLORS = \{(.*?)\};", js, re.S).group(1)
+    tab = dict(re.findall(r"(\w+): '(#[0-9a-f]{6})'", block))
+    assert tab == report.KIND_COLORS
+    assert sorted(tab) == sorted(metadata.EVENT_KINDS)
+    assert report.UNKNOWN_COLOR in js

@@ -1,7 +1,6 @@
 """AdaptTensorBoard: the ``adapt/*`` series, per-worker step times and events for TensorBoard."""
 
 import os
-import threading
 import time
 import warnings
 
@@ -93,7 +92,14 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       ``update_freq`` steps, at the same step on every rank, brings them
       to rank 0.
     - every adaptation event (``keras_adapt.events.emit``) while training
-      runs, as a string tensor under ``adapt/events``.
+      runs, under ``adapt/events``: all events of one step in one datum,
+      written again with all of them when more arrive for that step (e.g.
+      from a callback that runs after this one), so TensorBoard keeps
+      every one (``tensorboard_plugin_adapt.summary.EventWriter``). At the
+      start of each ``fit`` the records already in
+      ``<log_dir>/adapt_events.jsonl`` (a resumed run, or events emitted
+      before this callback started) are written again as well, so the tab
+      shows the same events as that file.
 
     Nothing runs per step but a clock read: no host sync and no collective
     between writes, and the batch hook is async-safe. Place it anywhere in
@@ -136,9 +142,8 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         # so this callback never forces a per-step host sync.
         self.async_safe = True
         self._supports_tf_logs = True
-        self._lock = threading.Lock()
         self._writer = None
-        self._pending = []
+        self._events = summary.EventWriter()
         self._warned_batch = False
         self._reset()
 
@@ -153,14 +158,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     # -- events ---------------------------------------------------------------
 
     def _on_event(self, event):
-        with self._lock:
-            self._pending.append(event)
-
-    def _write_pending_events(self):
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for event in pending:
-            summary.event(event)
+        self._events.add(event)
 
     # -- Keras hooks ----------------------------------------------------------
 
@@ -171,6 +169,11 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             os.makedirs(self.log_dir, exist_ok=True)
             self._writer = tf.summary.create_file_writer(self.log_dir)
             events.add_listener(self._on_event)
+            # What the run's event log already holds (an earlier fit, a
+            # resumed job, a callback that ran before this one) is written
+            # again at the next write, with the new events of those steps.
+            for event in events.read_events(self.log_dir):
+                self._events.add(event)
 
     def on_epoch_begin(self, epoch, logs=None):
         # Epoch boundaries (validation, other callbacks) are not step time.
@@ -202,7 +205,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         if self._writer is not None:
             events.remove_listener(self._on_event)
             with self._writer.as_default():
-                self._write_pending_events()
+                self._events.write()
             self._writer.flush()
             self._writer.close()
             self._writer = None
@@ -230,7 +233,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
                 for rank, seconds in enumerate(gathered.reshape(-1).tolist()):
                     if summary.is_writable_number(seconds):
                         summary.step_time(rank, seconds, step=step)
-            self._write_pending_events()
+            self._events.write()
         self._writer.flush()
 
     def _series(self, logs, durations):

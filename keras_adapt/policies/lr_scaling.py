@@ -85,7 +85,7 @@ class LRScalingPolicy(AdaptationPolicy):
             self.record("lr", f"{type(self.rule).__name__}: {reason}", *change)
 
     def _on_event(self, event):
-        if event["kind"] in ("batch_size", "resize") and self.batch is not None:
+        if event["kind"] == "batch_size" and self.batch is not None:
             self._follow(f"batch {event['before'].get('batch_size')} -> "
                          f"{event['after'].get('batch_size')}")
 

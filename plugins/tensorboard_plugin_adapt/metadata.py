@@ -1,7 +1,7 @@
-"""The "adapt" schema: plugin name, tags, data classes and the event record.
+"""The "adapt" schema: plugin names, tags, data classes, versions and the event record.
 
 Both sides import this module: the writers (``summary.py`` and
-``keras_adapt.events``) and the reader (``plugin.py``). Changing a name here
+``keras_adapt.events``) and the reader (``reader.py``). Changing a name here
 changes it everywhere. No TensorFlow import: TensorBoard loads the plugin
 (and this module) in its own process.
 
@@ -10,6 +10,24 @@ and the same object in TensorBoard under :data:`EVENTS_TAG`)::
 
     {"step": int, "epoch": int, "wall_time": float, "kind": str, "rank": int,
      "policy": str, "reason": str, "before": {...}, "after": {...}}
+
+Stored format, version :data:`PROTO_VERSION` (the ``content`` of the
+``adapt`` plugin data, an ASCII integer):
+
+- the ``adapt/*`` series are ordinary TensorBoard scalars (plugin
+  ``scalars``, data class SCALAR), so TensorBoard's own Scalars tab shows
+  them too;
+- the events of one step are ONE datum under :data:`EVENTS_TAG` (plugin
+  ``adapt``, data class TENSOR): a 1-D string tensor, one JSON record per
+  element. TensorBoard's data server keeps one datum per step and drops
+  every earlier datum at that step or later when a datum arrives (its rule
+  for restarted jobs), so a writer that gets more records for a step it
+  has written writes the step again with all of its records, and the steps
+  after it too. A reader applies the same rule (:func:`latest_datums`) and
+  gets the same records from every TensorBoard loader.
+
+Version 0 (keras-adapt before this format) wrote the series under plugin
+``adapt`` and one record per datum; readers still read it.
 
 Example:
 
@@ -29,13 +47,17 @@ import numbers
 import time
 
 __all__ = [
-    "create_summary_metadata", "event_to_json", "make_event", "parse_event_line",
-    "step_time_tag",
+    "content_version", "create_summary_metadata", "event_to_json", "latest_datums",
+    "make_event", "parse_event_line", "step_time_tag",
 ]
 
 PLUGIN_NAME = "adapt"
-#: Version of the plugin-data content; bump it when the record format changes.
-PROTO_VERSION = 0
+#: TensorBoard's own scalars plugin: the ``adapt/*`` series are written for it.
+SCALARS_PLUGIN_NAME = "scalars"
+#: Version of the stored format, written as the ``adapt`` plugin data's
+#: content; bump it when the stored format changes. Readers read this
+#: version and older ones and skip (counting them) datums of a newer one.
+PROTO_VERSION = 1
 
 TAG_PREFIX = "adapt/"
 #: Logs key (DESIGN.md section 4) -> TensorBoard scalar tag.
@@ -50,10 +72,9 @@ EVENTS_TAG = TAG_PREFIX + "events"
 #: File name of the JSONL event log inside a run's log directory.
 EVENTS_FILENAME = "adapt_events.jsonl"
 
-EVENT_KINDS = (
-    "batch_size", "lr", "resize", "sync_strategy", "straggler",
-    "preemption", "checkpoint", "resume", "policy_error",
-)
+#: The kinds that keras-adapt emits today. A kind is declared here when
+#: code starts emitting it; readers show any other kind as "unknown".
+EVENT_KINDS = ("batch_size", "lr", "resume")
 EVENT_FIELDS = ("step", "epoch", "wall_time", "kind", "rank",
                 "policy", "reason", "before", "after")
 
@@ -122,8 +143,9 @@ def make_event(kind, step, epoch, policy, reason, before, after, rank=0, wall_ti
     Example:
 
     >>> from tensorboard_plugin_adapt import metadata
-    >>> metadata.make_event("resize", 10, 0, "p", "r", {"workers": 1}, {"workers": 2})["after"]
-    {'workers': 2}
+    >>> metadata.make_event("batch_size", 10, 0, "p", "r", {"batch_size": 32},
+    ...                     {"batch_size": 64})["after"]
+    {'batch_size': 64}
     >>> metadata.make_event("teleport", 10, 0, "p", "r", {}, {})
     Traceback (most recent call last):
     ...
@@ -201,31 +223,85 @@ def parse_event_line(line):
     return out
 
 
-def create_summary_metadata(data_class="scalar", description=""):
-    """A ``SummaryMetadata`` proto marking a value as written by this plugin.
+def content_version(content):
+    """The format version stored in an ``adapt`` plugin-data ``content``; None if unreadable.
 
-    ``data_class`` is ``"scalar"`` for the ``adapt/*`` series and
-    ``"tensor"`` for the event records.
+    An empty content counts as version 0 (the first format).
+
+    Example:
+
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> metadata.content_version(b"1"), metadata.content_version(b""), metadata.content_version(b"x")
+    (1, 0, None)
+    """
+    if isinstance(content, str):
+        content = content.encode("utf-8", errors="replace")
+    if not isinstance(content, (bytes, bytearray)):
+        return None
+    text = bytes(content).strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        return None
+    return int(text)
+
+
+def latest_datums(datums):
+    """The datums a TensorBoard data server keeps: each one drops the earlier ones at its step or later.
+
+    ``datums`` are objects with a ``step`` (TensorBoard's ``TensorDatum``)
+    in the order they were written, as TensorBoard's Python loader returns
+    them; its data server has applied this rule already, so this returns
+    its answer unchanged. The result is in step order, one datum per step.
+
+    Example:
+
+    >>> import collections
+    >>> from tensorboard_plugin_adapt import metadata
+    >>> D = collections.namedtuple("D", "step name")
+    >>> [d.name for d in metadata.latest_datums([D(5, "a"), D(9, "b"), D(5, "a+c"), D(7, "d")])]
+    ['a+c', 'd']
+    """
+    kept = []
+    for datum in datums:
+        while kept and kept[-1].step >= datum.step:
+            kept.pop()
+        kept.append(datum)
+    return kept
+
+
+def create_summary_metadata(data_class="scalar", description=""):
+    """A ``SummaryMetadata`` proto for one ``adapt/*`` series or for the event records.
+
+    ``data_class="scalar"``: an ordinary TensorBoard scalar (plugin
+    ``scalars``), so it also appears in TensorBoard's Scalars tab.
+    ``data_class="tensor"``: the event records (plugin ``adapt``, content
+    :data:`PROTO_VERSION`).
 
     Example:
 
     >>> from tensorboard_plugin_adapt import metadata
     >>> md = metadata.create_summary_metadata("scalar")
     >>> md.plugin_data.plugin_name, md.data_class
-    ('adapt', 1)
+    ('scalars', 1)
+    >>> md = metadata.create_summary_metadata("tensor")
+    >>> md.plugin_data.plugin_name, md.plugin_data.content, md.data_class
+    ('adapt', b'1', 2)
     """
     from tensorboard.compat.proto import summary_pb2
 
-    classes = {
-        "scalar": summary_pb2.DATA_CLASS_SCALAR,
-        "tensor": summary_pb2.DATA_CLASS_TENSOR,
-    }
-    if data_class not in classes:
+    if data_class == "scalar":
+        from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+        md = scalar_metadata.create_summary_metadata(display_name="", description=description)
+        md.data_class = summary_pb2.DATA_CLASS_SCALAR
+        return md
+    if data_class != "tensor":
         raise ValueError(f"data_class={data_class!r} is not valid; use 'scalar' or 'tensor'")
     return summary_pb2.SummaryMetadata(
         summary_description=description,
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
             plugin_name=PLUGIN_NAME, content=str(PROTO_VERSION).encode()
         ),
-        data_class=classes[data_class],
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
     )

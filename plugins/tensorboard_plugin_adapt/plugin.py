@@ -10,7 +10,10 @@ Routes (under ``/data/plugin/adapt/``):
     each series downsampled on the server to at most N points (default
     1000) keeping the first and last points and each bucket's extremes.
 ``events?run=R[&kind=K]``
-    ``{"run", "events": [...], "kinds": [...], "skipped": n}``.
+    ``{"run", "events": [...], "kinds": [...], "skipped": n, "newer": n}``:
+    every event of the run in step order (``skipped``: records that do not
+    parse; ``newer``: datums of a newer stored format, see
+    :data:`metadata.PROTO_VERSION`).
 ``index.js``, ``static/<file>``
     the ES-module frontend; only files that ship in ``static/`` are served,
     so no path (``..``, encoded or not) can leave that folder.
@@ -41,10 +44,11 @@ __all__ = ["AdaptLoader", "AdaptPlugin"]
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 DEFAULT_MAX_POINTS = 1000
 MAX_MAX_POINTS = 20000
-#: Points per adapt tag that TensorBoard keeps in memory unless the user sets
+#: Steps with events that TensorBoard keeps in memory unless the user sets
 #: ``--samples_per_plugin adapt=N``. TensorBoard's default for third-party
-#: plugins is 10 (reservoir-sampled), which would drop most events and
-#: points; 0 would keep everything of arbitrarily long runs.
+#: plugins is 10 (reservoir-sampled), which would drop most events; 0 would
+#: keep everything of arbitrarily long runs. (The ``adapt/*`` series are
+#: scalars, sampled like every scalar: ``--samples_per_plugin scalars=N``.)
 DEFAULT_SAMPLES_PER_TAG = 100_000
 
 _CONTENT_TYPES = {
@@ -78,9 +82,11 @@ def _bad(request, message, code=400):
 class AdaptPlugin(base_plugin.TBPlugin):
     """Serves the "Adapt" tab: noise scale, batch size, lr, workers, throughput, events.
 
-    It reads only through ``context.data_provider`` (the ``adapt`` plugin
-    data written by ``tensorboard_plugin_adapt.summary`` and
-    ``keras_adapt.callbacks.AdaptTensorBoard``).
+    It reads only through ``context.data_provider``: the ``adapt/*``
+    scalars (TensorBoard's scalars plugin data, so the Scalars tab shows
+    them too) and the ``adapt`` event records written by
+    ``tensorboard_plugin_adapt.summary`` and
+    ``keras_adapt.callbacks.AdaptTensorBoard``.
 
     Example:
 
@@ -106,9 +112,10 @@ class AdaptPlugin(base_plugin.TBPlugin):
         }
 
     def is_active(self):
-        # TensorBoard enables the tab when the data provider lists plugin
-        # data named "adapt" (data_plugin_names); nothing to compute here.
-        return False
+        # TensorBoard enables the tab by itself when some run has "adapt"
+        # plugin data (events); a run with only adapt/* series stores them
+        # as plugin "scalars", which TensorBoard asks about here.
+        return bool(reader.list_runs(self._provider, None, ""))
 
     def frontend_metadata(self):
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Adapt")
@@ -162,13 +169,13 @@ class AdaptPlugin(base_plugin.TBPlugin):
         ctx, eid = self._request_context(request)
         if not self._known_run(ctx, eid, run):
             return _bad(request, f"no adapt data for run {run!r}", code=404)
-        events, skipped = reader.read_events(self._provider, ctx, eid, run)
+        events, skipped, newer = reader.read_events(self._provider, ctx, eid, run)
         kinds = sorted({e["kind"] for e in events})
         kind = request.args.get("kind")
         if kind:
             events = [e for e in events if e["kind"] == kind]
         return _json(request, {"run": run, "events": events, "kinds": kinds,
-                               "skipped": skipped})
+                               "skipped": skipped, "newer": newer})
 
     # -- static files ---------------------------------------------------------
 
@@ -199,9 +206,9 @@ class AdaptPlugin(base_plugin.TBPlugin):
 
 
 class AdaptLoader(base_plugin.TBLoader):
-    """Loads :class:`AdaptPlugin` and keeps all of its points in TensorBoard's memory.
+    """Loads :class:`AdaptPlugin` and keeps every step with events in TensorBoard's memory.
 
-    TensorBoard keeps only 10 reservoir-sampled points per tag of a
+    TensorBoard keeps only 10 reservoir-sampled values per tag of a
     third-party plugin unless told otherwise, which would drop most
     adaptation events. Unless the user passed ``--samples_per_plugin
     adapt=N``, this loader raises it to :data:`DEFAULT_SAMPLES_PER_TAG`.

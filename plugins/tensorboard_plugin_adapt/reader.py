@@ -1,11 +1,17 @@
 """Reading "adapt" data through a TensorBoard data provider.
 
 The plugin's HTTP routes and ``keras-adapt report`` both read through these
-functions (``ctx`` may be None outside a request), so the tab and the static report show the same numbers. They
-take any ``tensorboard.data.provider.DataProvider`` (TensorBoard's own
-``MultiplexerDataProvider`` in practice) and never fail on damaged data: a
-run whose data cannot be read yields empty results, never an exception that
-would take the other runs down with it.
+functions (``ctx`` may be None outside a request), so the tab and the static
+report show the same numbers. They take any
+``tensorboard.data.provider.DataProvider`` -- TensorBoard's Python
+``MultiplexerDataProvider`` or the gRPC provider of its Rust data server
+(``--load_fast``) -- give the same answer from both, and never fail on
+damaged data: a run whose data cannot be read yields empty results, never
+an exception that would take the other runs down with it.
+
+The ``adapt/*`` series are read from TensorBoard's scalars plugin (format
+version 1) and from the ``adapt`` plugin (version 0). Event datums of a
+format newer than :data:`metadata.PROTO_VERSION` are skipped and counted.
 
 Example:
 
@@ -16,12 +22,15 @@ Example:
 (True, True, True)
 """
 
+import json
 import logging
 import math
 
 from tensorboard_plugin_adapt import metadata
 
 __all__ = ["annotate", "downsample", "list_runs", "read_events", "read_series"]
+
+_SCALARS, _ADAPT = metadata.SCALARS_PLUGIN_NAME, metadata.PLUGIN_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +103,41 @@ def downsample(points, max_points):
     return out
 
 
+def _list(provider, method, ctx, experiment_id, plugin_name, run=None):
+    """``provider.list_scalars``/``list_tensors`` as ``{run: {tag: time series}}``; {} on failure."""
+    from tensorboard.data import provider as tb_provider
+
+    kwargs = {}
+    if run is not None:
+        kwargs["run_tag_filter"] = tb_provider.RunTagFilter(runs=[run])
+    try:
+        return getattr(provider, method)(ctx, experiment_id=experiment_id,
+                                         plugin_name=plugin_name, **kwargs) or {}
+    except Exception:  # noqa: BLE001 - one bad run must not hide the others
+        logger.exception("adapt: %s(plugin_name=%r) failed", method, plugin_name)
+        return {}
+
+
+def _readable(series):
+    """The format version of an ``adapt`` time series, if this reader knows it; else None."""
+    version = metadata.content_version(getattr(series, "plugin_content", b""))
+    return version if version is not None and version <= metadata.PROTO_VERSION else None
+
+
+def _scalar_tags(provider, ctx, experiment_id, run=None):
+    """``{run: {tag: plugin_name}}`` of the ``adapt/*`` series (the scalars plugin wins)."""
+    out = {}
+    for r, tags in _list(provider, "list_scalars", ctx, experiment_id, _ADAPT, run).items():
+        for tag, series in tags.items():
+            if _readable(series) is not None:
+                out.setdefault(r, {})[tag] = _ADAPT
+    for r, tags in _list(provider, "list_scalars", ctx, experiment_id, _SCALARS, run).items():
+        for tag in tags:
+            if tag.startswith(metadata.TAG_PREFIX):
+                out.setdefault(r, {})[tag] = _SCALARS
+    return out
+
+
 def list_runs(provider, ctx, experiment_id):
     """Runs with adapt data: ``[{"run", "tags", "events"}]`` sorted by run name.
 
@@ -110,21 +154,9 @@ def list_runs(provider, ctx, experiment_id):
         return []
     ctx = _context(ctx)
     runs = {}
-    try:
-        scalars = provider.list_scalars(ctx, experiment_id=experiment_id,
-                                        plugin_name=metadata.PLUGIN_NAME)
-    except Exception:  # noqa: BLE001 - one bad run must not hide the others
-        logger.exception("adapt: listing scalars failed")
-        scalars = {}
-    try:
-        tensors = provider.list_tensors(ctx, experiment_id=experiment_id,
-                                        plugin_name=metadata.PLUGIN_NAME)
-    except Exception:  # noqa: BLE001
-        logger.exception("adapt: listing tensors failed")
-        tensors = {}
-    for run, tags in scalars.items():
-        runs.setdefault(run, {"run": run, "tags": [], "events": False})["tags"] = sorted(tags)
-    for run, tags in tensors.items():
+    for run, tags in _scalar_tags(provider, ctx, experiment_id).items():
+        runs[run] = {"run": run, "tags": sorted(tags), "events": False}
+    for run, tags in _list(provider, "list_tensors", ctx, experiment_id, _ADAPT).items():
         if metadata.EVENTS_TAG in tags:
             runs.setdefault(run, {"run": run, "tags": [], "events": False})["events"] = True
     return [runs[r] for r in sorted(runs)]
@@ -147,74 +179,117 @@ def read_series(provider, ctx, experiment_id, run, tags=None, max_points=None):
     from tensorboard.data import provider as tb_provider
 
     ctx = _context(ctx)
-    try:
-        data = provider.read_scalars(
-            ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME,
-            downsample=_READ_ALL,
-            run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
-        )
-    except Exception:  # noqa: BLE001 - damaged data gives an empty run, not an error
-        logger.exception("adapt: reading scalars of run %r failed", run)
-        return {}
+    by_plugin = {}
+    for tag, plugin_name in _scalar_tags(provider, ctx, experiment_id, run).get(run, {}).items():
+        if tags is None or tag in tags:
+            by_plugin.setdefault(plugin_name, []).append(tag)
     out = {}
-    for tag, datums in (data.get(run) or {}).items():
-        points = sorted(((int(d.step), float(d.wall_time), _finite_or_none(d.value))
-                         for d in datums), key=lambda p: (p[0], p[1]))
-        out[tag] = downsample(points, max_points) if max_points else points
-    return out
+    # Old (plugin "adapt") first: a run continued by a newer writer keeps
+    # both, the newer points winning at the same step.
+    for plugin_name in (_ADAPT, _SCALARS):
+        if plugin_name not in by_plugin:
+            continue
+        try:
+            data = provider.read_scalars(
+                ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                downsample=_READ_ALL,
+                run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=by_plugin[plugin_name]),
+            )
+        except Exception:  # noqa: BLE001 - damaged data gives an empty run, not an error
+            logger.exception("adapt: reading scalars of run %r failed", run)
+            continue
+        for tag, datums in (data.get(run) or {}).items():
+            points = out.setdefault(tag, {})
+            for d in datums:
+                points[int(d.step)] = (int(d.step), float(d.wall_time), _finite_or_none(d.value))
+    result = {}
+    for tag, points in out.items():
+        pts = [points[s] for s in sorted(points)]
+        result[tag] = downsample(pts, max_points) if max_points else pts
+    return result
 
 
 def _records(array):
-    """Yields the strings of a string tensor's numpy value (any shape)."""
+    """The strings of a string tensor's numpy value (any shape); None if it holds no strings."""
     try:
-        items = array.reshape(-1).tolist() if hasattr(array, "reshape") else [array]
+        if not hasattr(array, "reshape"):
+            items = [array]
+        elif getattr(array, "dtype", None) is not None and array.dtype.kind not in "OSU":
+            return None
+        else:
+            items = array.reshape(-1).tolist()
     except Exception:  # noqa: BLE001
-        return
-    for item in items:
-        if isinstance(item, (bytes, str)):
-            yield item
+        return None
+    if not all(isinstance(item, (bytes, str)) for item in items):
+        return None
+    return items
 
 
 def read_events(provider, ctx, experiment_id, run):
-    """The run's adaptation events (dicts, sorted by step), and how many were skipped.
+    """The run's adaptation events (dicts, sorted by step) and what was skipped.
 
-    Returns ``(events, skipped)``. Records that do not parse are counted in
-    ``skipped``; unknown kinds are kept and marked ``"known": False``.
+    Returns ``(events, skipped, newer)``. Of each step's datums only the
+    last one written counts (:func:`metadata.latest_datums`; format
+    version 1 writes all records of a step into it), so TensorBoard's
+    Python loader and its Rust data server give the same events; datums of
+    version 0 (one record each) all count. Identical records (wall time
+    included) count once. ``skipped`` counts records and datums that do not
+    parse; ``newer`` counts datums of a format newer than this reader
+    (upgrade keras-adapt to read them). Unknown kinds are kept and marked
+    ``"known": False``.
 
     Example:
 
     >>> from tensorboard_plugin_adapt import reader
     >>> reader.read_events(None, None, "", "run")
-    ([], 0)
+    ([], 0, 0)
     """
     if provider is None:
-        return [], 0
+        return [], 0, 0
     from tensorboard.data import provider as tb_provider
 
     ctx = _context(ctx)
+    listed = _list(provider, "list_tensors", ctx, experiment_id, _ADAPT, run).get(run, {})
+    series = listed.get(metadata.EVENTS_TAG)
+    if series is None:
+        return [], 0, 0
     try:
         data = provider.read_tensors(
-            ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME,
+            ctx, experiment_id=experiment_id, plugin_name=_ADAPT,
             downsample=_READ_ALL,
             run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=[metadata.EVENTS_TAG]),
         )
     except Exception:  # noqa: BLE001
         logger.exception("adapt: reading events of run %r failed", run)
-        return [], 0
-    events, skipped = [], 0
-    for datum in (data.get(run) or {}).get(metadata.EVENTS_TAG, []):
-        parsed_any = False
-        for text in _records(datum.numpy):
+        return [], 0, 0
+    datums = list((data.get(run) or {}).get(metadata.EVENTS_TAG, []))
+    version = metadata.content_version(series.plugin_content)
+    if version is None or version > metadata.PROTO_VERSION:
+        logger.warning(
+            "adapt: run %r holds %d event datum(s) of format %r, which this reader "
+            "(format %d) does not know; upgrade keras-adapt where TensorBoard runs to "
+            "read them", run, len(datums), series.plugin_content, metadata.PROTO_VERSION)
+        return [], 0, len(datums)
+    if version >= 1:
+        datums = metadata.latest_datums(datums)
+    events, skipped, seen = [], 0, set()
+    for datum in datums:
+        texts = _records(datum.numpy)
+        if texts is None:
+            skipped += 1
+            continue
+        for text in texts:
             event = metadata.parse_event_line(text)
             if event is None:
                 skipped += 1
                 continue
-            parsed_any = True
+            key = json.dumps(event, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
             events.append(annotate(event))
-        if not parsed_any and not list(_records(datum.numpy)):
-            skipped += 1
     events.sort(key=lambda e: (e["step"], e["wall_time"]))
-    return events, skipped
+    return events, skipped, 0
 
 
 def annotate(event):

@@ -2,7 +2,7 @@
 
 Every rank trains the same small model with AdaptTensorBoard on one shared
 log directory and emits the same two adaptation events (as policies do:
-every rank decides alike). Only rank 0 may write the shared series and the
+every rank decides alike), two at each epoch end. Only rank 0 may write the shared series and the
 events; the step times of every rank must reach rank 0's file.
 Writes <out>/rank<r>.json with what each rank saw.
 """
@@ -32,9 +32,10 @@ rank, size = keras_adapt.rank(), keras_adapt.size()
 class EmitAtEpochEnd(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        events.emit("batch_size" if epoch == 0 else "lr", step=step, epoch=epoch,
-                    policy="TestPolicy", reason=f"epoch {epoch} ended",
-                    before={"epoch": epoch}, after={"epoch": epoch + 1}, log_dir=args.log_dir)
+        for kind in ("batch_size", "lr"):
+            events.emit(kind, step=step, epoch=epoch,
+                        policy="TestPolicy", reason=f"epoch {epoch} ended",
+                        before={"epoch": epoch}, after={"epoch": epoch + 1}, log_dir=args.log_dir)
 
 
 keras.utils.set_random_seed(1 + rank)

@@ -10,17 +10,12 @@
 const SVG_NS = 'http://www.w3.org/2000/svg';
 const MAX_POINTS = 800;
 
-// One colour per known event kind; unknown kinds (from a newer writer) are grey.
+// One colour per declared event kind (metadata.EVENT_KINDS; the static
+// report uses the same ones); other kinds (from a newer writer) are grey.
 const KIND_COLORS = {
   batch_size: '#1f77b4',
   lr: '#ff7f0e',
-  resize: '#2ca02c',
-  sync_strategy: '#9467bd',
-  straggler: '#d62728',
-  preemption: '#8c564b',
-  checkpoint: '#17becf',
   resume: '#bcbd22',
-  policy_error: '#e377c2',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 
@@ -47,7 +42,8 @@ const STYLE = `
   table.adapt-events { border-collapse: collapse; font-size: 12px; margin-top: 8px; width: 100%; }
   table.adapt-events th, table.adapt-events td { border-bottom: 1px solid #eeeeee;
     padding: 3px 6px; text-align: left; vertical-align: top; }
-  table.adapt-events td.mono { font-family: monospace; white-space: pre-wrap; word-break: break-all; }
+  table.adapt-events td.adapt-kind { white-space: nowrap; }
+  table.adapt-events td.mono { font-family: monospace; white-space: pre-wrap; word-break: break-word; }
   .adapt-tooltip { position: fixed; pointer-events: none; background: rgba(33,33,33,0.92);
     color: #fff; font-size: 12px; padding: 6px 8px; border-radius: 3px; max-width: 420px;
     white-space: pre-wrap; display: none; z-index: 10; }
@@ -72,11 +68,26 @@ function kindColor(kind) {
   return Object.prototype.hasOwnProperty.call(KIND_COLORS, kind) ? KIND_COLORS[kind] : UNKNOWN_COLOR;
 }
 
+// A number for people: integers as integers, others with up to 4
+// significant digits (0.019999999552965164 -> 0.02), very large or small
+// ones in exponent form. The exact value stays in the cell's title.
 function fmt(v) {
-  if (v === null || v === undefined || !Number.isFinite(v)) return String(v);
+  if (typeof v !== 'number' || !Number.isFinite(v)) return String(v);
+  if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
   const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+  if (a >= 1e6 || a < 1e-4) return v.toExponential(3).replace(/\.?0+e/, 'e');
   return String(Number(v.toPrecision(4)));
+}
+
+// "batch_size: 64, lr: 0.02" from {"batch_size": 64, "lr": 0.019999999552965164}.
+function formatValues(obj) {
+  if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) return compact(obj);
+  const parts = Object.entries(obj).map(([k, v]) => {
+    if (typeof v === 'number') return `${k}: ${fmt(v)}`;
+    if (typeof v === 'string') return `${k}: ${v}`;
+    return `${k}: ${compact(v)}`;
+  });
+  return parts.length ? parts.join(', ') : '–';
 }
 
 function compact(obj) {
@@ -98,8 +109,8 @@ async function getJson(path) {
 
 let tooltip = null;
 
-function showTooltip(evt, lines) {
-  tooltip.textContent = lines.join('\n');
+function showTooltip(evt, blocks) {
+  tooltip.textContent = blocks.join('\n\n');
   tooltip.style.display = 'block';
   const x = Math.min(evt.clientX + 12, window.innerWidth - 430);
   tooltip.style.left = `${Math.max(0, x)}px`;
@@ -115,8 +126,8 @@ function eventLines(e) {
     `${e.kind}${e.known === false ? ' (unknown kind)' : ''} at step ${e.step} (epoch ${e.epoch})`,
     `policy: ${e.policy}`,
     `reason: ${e.reason}`,
-    `before: ${compact(e.before)}`,
-    `after:  ${compact(e.after)}`,
+    `before: ${formatValues(e.before)}`,
+    `after:  ${formatValues(e.after)}`,
   ];
 }
 
@@ -135,7 +146,7 @@ function niceTicks(lo, hi, count) {
 /**
  * Draws one chart into `card`.
  * spec: {id, title, series: [{name, color, points: [[step, wall, value]], step}],
- *        logY, events, xDomain}
+ *        logY, integer (whole-number ticks), events, xDomain}
  */
 function drawChart(card, spec) {
   const W = 560, H = 220, L = 56, R = 12, T = 10, B = 26;
@@ -157,7 +168,8 @@ function drawChart(card, spec) {
     if (thi - tlo < 1e-12) {
       // A constant series (a fixed lr, one worker): centre it in a band
       // proportional to its value.
-      const half = spec.logY ? 0.5 : (Math.abs(tlo) > 0 ? Math.abs(tlo) * 0.5 : 1);
+      const half = spec.logY ? 0.5
+        : spec.integer ? 1 : (Math.abs(tlo) > 0 ? Math.abs(tlo) * 0.5 : 1);
       tlo -= half;
       thi += half;
     }
@@ -170,6 +182,8 @@ function drawChart(card, spec) {
     let yTicks = spec.logY
       ? niceTicks(Math.ceil(tlo), Math.floor(thi), 5).filter((t) => Number.isInteger(t)).map((t) => Math.pow(10, t))
       : niceTicks(tlo, thi, 4);
+    // Whole-number series (workers): whole-number ticks only.
+    if (spec.integer) yTicks = yTicks.filter((t) => Math.abs(t - Math.round(t)) < 1e-9).map(Math.round);
     if (spec.logY && yTicks.length < 2) {
       // Less than a decade: label plain values instead of powers of ten.
       yTicks = niceTicks(Math.pow(10, tlo), Math.pow(10, thi), 4).filter((t) => t > 0);
@@ -206,18 +220,26 @@ function drawChart(card, spec) {
     }
   }
 
-  // One vertical marker per event, coloured by kind; a wide transparent
-  // twin catches the mouse.
+  // One vertical marker per event, coloured by kind; the events of one
+  // step stand side by side, and hovering any of them lists them all. A
+  // wide transparent twin catches the mouse.
+  const byStep = new Map();
   for (const e of spec.events) {
-    const x = sx(e.step);
+    if (!byStep.has(e.step)) byStep.set(e.step, []);
+    byStep.get(e.step).push(e);
+  }
+  for (const e of spec.events) {
+    const same = byStep.get(e.step);
+    const x = sx(e.step) + (same.indexOf(e) - (same.length - 1) / 2) * 3;
+    const lines = same.map((o) => eventLines(o).join('\n'));
     const g = svg('g', {class: 'adapt-marker', 'data-kind': e.kind, 'data-step': e.step});
     g.appendChild(svg('line', {x1: x, x2: x, y1: T, y2: H - B, stroke: kindColor(e.kind),
                                'stroke-width': 1.5, 'stroke-dasharray': '4 3'}));
     const hit = svg('line', {x1: x, x2: x, y1: T, y2: H - B, stroke: 'transparent',
                              'stroke-width': 9});
-    hit.appendChild(svg('title', {}, eventLines(e).join('\n')));
-    hit.addEventListener('mouseenter', (evt) => showTooltip(evt, eventLines(e)));
-    hit.addEventListener('mousemove', (evt) => showTooltip(evt, eventLines(e)));
+    hit.appendChild(svg('title', {}, lines.join('\n\n')));
+    hit.addEventListener('mouseenter', (evt) => showTooltip(evt, lines));
+    hit.addEventListener('mousemove', (evt) => showTooltip(evt, lines));
     hit.addEventListener('mouseleave', hideTooltip);
     g.appendChild(hit);
     root.appendChild(g);
@@ -246,14 +268,17 @@ function renderTable(table, events, kind) {
     const tr = el('tr', {'data-kind': e.kind});
     tr.appendChild(el('td', {}, e.step));
     tr.appendChild(el('td', {}, e.epoch));
-    const kindCell = el('td');
+    const kindCell = el('td', {class: 'adapt-kind'});
     kindCell.appendChild(el('span', {class: 'swatch', style: `background:${kindColor(e.kind)}`}));
     kindCell.appendChild(document.createTextNode(e.kind + (e.known === false ? ' (unknown)' : '')));
     tr.appendChild(kindCell);
     tr.appendChild(el('td', {}, e.policy));
     tr.appendChild(el('td', {}, e.reason));
-    tr.appendChild(el('td', {class: 'mono'}, compact(e.before)));
-    tr.appendChild(el('td', {class: 'mono'}, compact(e.after)));
+    // Rounded for reading; the exact record is the cell's title (tooltip).
+    tr.appendChild(el('td', {class: 'mono adapt-before', title: compact(e.before)},
+                      formatValues(e.before)));
+    tr.appendChild(el('td', {class: 'mono adapt-after', title: compact(e.after)},
+                      formatValues(e.after)));
     tbody.appendChild(tr);
   }
 }
@@ -297,7 +322,8 @@ async function showRun(run, ui) {
      series: [seriesOf(data, 'gns', 'noise scale', '#6a1b9a'),
               seriesOf(data, 'batch_size', 'global batch size', '#00897b', true)]},
     {id: 'lr', title: 'Learning rate', series: [seriesOf(data, 'lr', 'lr', '#ef6c00', true)]},
-    {id: 'workers', title: 'Workers', series: [seriesOf(data, 'workers', 'workers', '#2e7d32', true)]},
+    {id: 'workers', title: 'Workers', integer: true,
+     series: [seriesOf(data, 'workers', 'workers', '#2e7d32', true)]},
     {id: 'throughput', title: 'Throughput (samples/s)',
      series: [seriesOf(data, 'throughput', 'samples/s', '#1565c0')]},
     {id: 'step_time', title: 'Step time per worker (s)',
@@ -331,7 +357,10 @@ async function showRun(run, ui) {
     ui.legend.appendChild(item);
   }
   const skipped = ev.skipped ? `, ${ev.skipped} unreadable record(s) skipped` : '';
-  ui.status.textContent = `${events.length} event(s)${skipped}`;
+  const newer = ev.newer
+    ? `, ${ev.newer} record(s) of a newer keras-adapt not shown (upgrade keras-adapt where TensorBoard runs)`
+    : '';
+  ui.status.textContent = `${events.length} event(s)${skipped}${newer}`;
   document.body.setAttribute('data-adapt-ready', run);
 }
 
