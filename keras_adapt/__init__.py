@@ -27,6 +27,7 @@ _MODULES = ("actuators", "callbacks", "data", "events", "monitors", "ops", "poli
 #: Public names -> the module that defines them.
 _NAMES = {
     "DistributedOptimizer": "keras_adapt.optimizer",
+    "load_model": "keras_adapt.saving",
     "local_rank": "keras_adapt._hvd",
     "rank": "keras_adapt._hvd",
     "size": "keras_adapt._hvd",

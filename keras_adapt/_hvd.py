@@ -71,24 +71,153 @@ def local_rank():
     return 0 if hvd is None else hvd.local_rank()
 
 
-def grouped_allreduce_average(tensors):
-    """Averages a list of tensors over all workers in as few collectives as possible.
+def _op_name(op):
+    if hvd is not None:
+        for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):
+            if getattr(hvd, name, object()) is op:
+                return name
+    return repr(op)
 
-    Horovod's grouped allreduce takes one dtype per group, so the tensors are
-    grouped by dtype (float32 gradients and the float32 monitoring scalars
-    travel together) and the original order is restored afterwards.
+
+class Reduction:
+    """How gradients are combined over workers: Horovod's ``op``,
+    ``compression``, ``gradient_predivide_factor`` and ``process_set``.
+
+    One object per optimizer; :meth:`allreduce` is the only collective of a
+    train step. The gradients travel in one grouped allreduce per dtype;
+    scalars given as ``scalars`` (the monitoring scalar) ride in the same
+    grouped allreduce and always come back *averaged*, whatever ``op`` is.
+    Exceptions, as in Horovod: ``tf.IndexedSlices`` (when the optimizer was
+    made with ``sparse_as_dense=False``) are allgathered, and with
+    ``compression=Compression.fp16`` the float32 scalars stay uncompressed
+    and so travel in a float32 group of their own (an fp16 squared norm
+    would overflow above 65504).
+
+    Args:
+        op: ``horovod.tensorflow.Average`` (default) or ``Sum``. Adasum is
+            refused, as in Horovod's Keras optimizer.
+        compression: ``horovod.tensorflow.Compression.none`` (default) or
+            ``Compression.fp16`` (floating gradients are sent as float16).
+        gradient_predivide_factor: f > 0; with ``op=Average`` gradients are
+            scaled by 1/f before the sum and f/size after it (Horovod's
+            split of the average). Must be 1.0 with ``op=Sum``.
+        process_set: a ``horovod.tensorflow.ProcessSet``: reduce over its
+            ranks only (default: all workers).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from keras_adapt._hvd import Reduction
+    >>> r = Reduction()
+    >>> [t.numpy().tolist() for t in r.allreduce([tf.constant([1.0, 2.0])], [tf.constant(4.0)])]
+    [[1.0, 2.0], 4.0]
     """
-    if size() == 1 or not tensors:
-        return list(tensors)
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    out = [None] * len(tensors)
-    for idx in by_dtype.values():
-        reduced = hvd.grouped_allreduce([tensors[i] for i in idx], op=hvd.Average)
-        for i, r in zip(idx, reduced):
-            out[i] = r
-    return out
+
+    def __init__(self, op=None, compression=None, gradient_predivide_factor=1.0, process_set=None):
+        self.op = op
+        self.compression = compression
+        self.process_set = process_set
+        factor = gradient_predivide_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise ValueError(
+                f"gradient_predivide_factor={factor!r} is not valid; use a float > 0 "
+                "(1.0: plain average)"
+            )
+        self.gradient_predivide_factor = float(factor)
+        if hvd is None:
+            if op is not None or compression is not None or process_set is not None:
+                raise ValueError(
+                    "op, compression and process_set need horovod; install "
+                    "horovod==0.28.1 (see docs/install.md) or leave them at their defaults"
+                )
+            return
+        if op is None:
+            self.op = hvd.Average
+        elif op is not hvd.Average and op is not hvd.Sum:
+            raise ValueError(
+                f"op={_op_name(op)} is not supported; use horovod.tensorflow.Average "
+                "(default) or horovod.tensorflow.Sum. Adasum is not offered by "
+                "Horovod's Keras optimizer either: average, and scale the learning rate instead"
+            )
+        if self.op is hvd.Sum and self.gradient_predivide_factor != 1.0:
+            raise ValueError(
+                f"gradient_predivide_factor={factor!r} only applies to op=Average; "
+                "leave it at 1.0 with op=Sum"
+            )
+        if compression is None:
+            self.compression = hvd.Compression.none
+        elif not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+            raise ValueError(
+                f"compression={compression!r} is not valid; use "
+                "horovod.tensorflow.Compression.none or Compression.fp16"
+            )
+        if process_set is None:
+            self.process_set = hvd.global_process_set
+        elif not isinstance(process_set, hvd.ProcessSet):
+            raise ValueError(
+                f"process_set={process_set!r} is not valid; use a "
+                "horovod.tensorflow.ProcessSet registered with hvd.init(process_sets=...) "
+                "or hvd.add_process_set(...)"
+            )
+
+    @property
+    def is_sum(self):
+        """True when gradients are summed rather than averaged."""
+        return hvd is not None and self.op is hvd.Sum
+
+    def size(self):
+        """Number of workers the gradients are reduced over."""
+        ensure_initialized()
+        if hvd is None:
+            return 1
+        if self.process_set is hvd.global_process_set:
+            return hvd.size()
+        return self.process_set.size()
+
+    def allreduce(self, tensors, scalars=()):
+        """Reduces ``tensors`` (gradients: dense tensors or ``tf.IndexedSlices``)
+        with ``op`` and averages ``scalars``; returns the reduced tensors
+        followed by the averaged scalars, in their original order."""
+        import tensorflow as tf
+
+        tensors, scalars = list(tensors), list(scalars)
+        if self.size() == 1 or not (tensors or scalars):
+            return tensors + scalars
+        if self.op is hvd.Average:
+            pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        else:
+            pre = post = 1.0
+        kwargs = {"op": self.op, "process_set": self.process_set}
+        sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+        dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+        out = [None] * (len(tensors) + len(scalars))
+        if sparse:
+            # Horovod allgathers IndexedSlices (no pre/postscale factors there).
+            for i, r in zip(sparse, hvd.grouped_allreduce([tensors[i] for i in sparse], **kwargs)):
+                out[i] = r
+        compressed, contexts = [], []
+        for i in dense:
+            c, ctx = self.compression.compress(tensors[i])
+            compressed.append(c)
+            contexts.append(ctx)
+        # Scalars are averaged: with op=Sum they are divided by size after the sum.
+        items = compressed + scalars
+        slots = dense + list(range(len(tensors), len(tensors) + len(scalars)))
+        by_dtype = {}
+        for k, t in enumerate(items):
+            by_dtype.setdefault(t.dtype, []).append(k)
+        reduced = [None] * len(items)
+        for ks in by_dtype.values():
+            group = hvd.grouped_allreduce([items[k] for k in ks], prescale_factor=pre,
+                                          postscale_factor=post, **kwargs)
+            for k, r in zip(ks, group):
+                reduced[k] = r
+        for k, (slot, r) in enumerate(zip(slots, reduced)):
+            if k < len(compressed):
+                out[slot] = self.compression.decompress(r, contexts[k])
+            else:
+                out[slot] = r / tf.cast(self.size(), r.dtype) if self.is_sum else r
+        return out
 
 
 def broadcast(tensor, root_rank, name=None):

@@ -52,6 +52,10 @@ class AdaptState:
             :func:`enable_lr_control` ran, else None.
         batch_size_actuator: the ``GlobalBatchSize`` that every policy on
             this model shares, once one was made, else None.
+        reduction: the :class:`keras_adapt._hvd.Reduction` (op, compression,
+            predivide factor, process set) the gradients are combined with.
+        worker_local: the :class:`WorkerLocalVariables` whose gradients stay
+            on each worker (``register_local_var``, ``local_layers``).
 
     Example:
 
@@ -69,6 +73,8 @@ class AdaptState:
         self.accumulation = None
         self.lr_control = None
         self.batch_size_actuator = None
+        self.reduction = _hvd.Reduction()
+        self.worker_local = WorkerLocalVariables()
         # One worker: the previous update's gradient, created on first use.
         self.previous = None
 
@@ -88,12 +94,79 @@ class _PreviousGradient:
             self.stored = var(False, tf.bool, "prev_stored")
 
 
+def variable_key(variable):
+    """Identity keys of a variable: the object itself and, for a Keras 3
+    variable, the ``tf.Variable`` it holds (either may be registered)."""
+    keys = {id(variable)}
+    inner = getattr(variable, "value", None)
+    if isinstance(inner, tf.Variable):
+        keys.add(id(inner))
+    return keys
+
+
+class WorkerLocalVariables:
+    """Variables whose gradients are not combined across workers
+    (``optimizer.adapt_state.worker_local``).
+
+    Horovod's semantics: such a gradient is applied on its own worker, divided
+    by the number of workers when ``scale`` is True (Horovod's
+    ``scale_local_gradients``), and it is left out of the gradient
+    statistics (which describe the gradient the workers share). Layers are
+    resolved when the train step is traced, so layers built lazily work too.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from keras_adapt.optimizer import WorkerLocalVariables
+    >>> local = WorkerLocalVariables()
+    >>> v, w = tf.Variable(1.0), tf.Variable(2.0)
+    >>> local.add(v)
+    >>> local.contains(v), local.contains(w)
+    (True, False)
+    """
+
+    def __init__(self, scale=True):
+        self.scale = scale
+        self._keys = set()
+        self._layers = []
+
+    def add(self, variable):
+        """Marks ``variable`` as worker-local."""
+        if not hasattr(variable, "assign"):
+            raise TypeError(
+                f"register_local_var needs a variable (tf.Variable or Keras variable), "
+                f"got {type(variable).__name__}: {variable!r}"
+            )
+        self._keys |= variable_key(variable)
+
+    def add_layers(self, layers):
+        """Marks every trainable weight of ``layers`` (now or once built) as worker-local."""
+        self._layers.extend(layers)
+
+    def contains(self, variable):
+        """True if ``variable`` is worker-local."""
+        keys = set(self._keys)
+        for layer in self._layers:
+            for w in layer.trainable_weights:
+                keys |= variable_key(w)
+        return bool(variable_key(variable) & keys)
+
+    def __bool__(self):
+        return bool(self._keys or self._layers)
+
+
 class AccumulationState:
     """Gradient accumulation state (``optimizer.adapt_state.accumulation``). ``steps`` (k) is a variable, so changing
     it never retraces the train function; the accumulators are created on
-    the first trace."""
+    the first trace. ``average``: the update uses the mean of the k
+    micro-gradients (else their sum, Horovod's
+    ``average_aggregated_gradients=False``); ``count_micro_steps``:
+    ``optimizer.iterations`` advances on every micro-step (Horovod's
+    ``backward_passes_per_step``) instead of once per update."""
 
-    def __init__(self, steps):
+    def __init__(self, steps, average=True, count_micro_steps=False):
+        self.average = average
+        self.count_micro_steps = count_micro_steps
         with tf.init_scope():
             self.steps = tf.Variable(steps, dtype=tf.int64, trainable=False, name="accumulation_steps")
             self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated")
@@ -159,11 +232,21 @@ def _check_not_xla():
 
 
 def _dense(g):
-    # Sparse gradients (embeddings) are averaged densely, like Horovod's
-    # sparse_as_dense=True: one fused collective instead of an allgather.
+    # sparse_as_dense=True (and accumulation): sparse gradients (embeddings)
+    # travel densely, in the one fused collective instead of an allgather.
     if isinstance(g, tf.IndexedSlices):
         return tf.convert_to_tensor(g)
     return g
+
+
+def _mean_view(reduced, reduction, num_workers):
+    """The averaged gradient, dense, for the statistics: ``reduced`` itself
+    in the default case (average, dense), else densified and / or divided
+    by the number of workers (``op=Sum``)."""
+    out = [_dense(r) for r in reduced]
+    if reduction.is_sum:
+        out = [r / tf.cast(num_workers, r.dtype) for r in out]
+    return out
 
 
 class _DistributedCore:
@@ -178,7 +261,11 @@ class _DistributedCore:
     """
 
     _ka_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
-                    "skip_nonfinite": True, "stats_interval": DEFAULT_STATS_INTERVAL}
+                    "skip_nonfinite": True, "stats_interval": DEFAULT_STATS_INTERVAL,
+                    "sparse_as_dense": False,
+                    "backward_passes_per_step": 1, "average_aggregated_gradients": False,
+                    "op": None, "compression": None, "gradient_predivide_factor": 1.0,
+                    "process_set": None, "scale_local_gradients": True, "local_layers": ()}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -189,6 +276,34 @@ class _DistributedCore:
                                        batch_size=settings["batch_size"],
                                        interval=settings["stats_interval"])
         self._adapt_state = AdaptState(stats, settings["skip_nonfinite"])
+        self._adapt_state.reduction = _hvd.Reduction(
+            settings["op"], settings["compression"], settings["gradient_predivide_factor"],
+            settings["process_set"])
+        self._adapt_state.worker_local = WorkerLocalVariables(settings["scale_local_gradients"])
+        self._adapt_state.worker_local.add_layers(settings["local_layers"])
+        if settings["backward_passes_per_step"] > 1:
+            self._adapt_state.accumulation = AccumulationState(
+                settings["backward_passes_per_step"],
+                average=settings["average_aggregated_gradients"], count_micro_steps=True)
+
+    def register_local_var(self, var):
+        """Marks ``var`` as worker-local (Horovod's ``register_local_var``):
+        its gradient is not combined across workers but applied on each
+        worker, divided by the number of workers (unless the optimizer was
+        made with ``scale_local_gradients=False``), and it is left out of the
+        gradient statistics. Call it before the first training step (the
+        train function is traced with the registered set).
+
+        Example:
+
+        >>> import tensorflow as tf, keras, keras_adapt
+        >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        >>> v = tf.Variable([1.0])
+        >>> opt.register_local_var(v)
+        >>> opt.adapt_state.worker_local.contains(v)
+        True
+        """
+        self._adapt_state.worker_local.add(var)
 
     @property
     def adapt_state(self):
@@ -283,12 +398,17 @@ class _DistributedCore:
         calls ``apply_fn(averaged_grads)`` (possibly skipped if non-finite).
         With accumulation enabled, only every k-th call reaches the workers."""
         _check_not_xla()
-        grads = [_dense(g) for g in grads]
-        if self._adapt_state.accumulation is not None:
-            return self._ka_accumulate(grads, apply_fn)
-        return self._ka_reduce_and_apply(grads, apply_fn)
+        state = self._adapt_state
+        if state.accumulation is not None or type(self)._ka_settings["sparse_as_dense"]:
+            grads = [_dense(g) for g in grads]
+        worker_local = [False] * len(grads)
+        if state.worker_local and variables is not None:
+            worker_local = [state.worker_local.contains(v) for v in variables]
+        if state.accumulation is not None:
+            return self._ka_accumulate(grads, apply_fn, worker_local)
+        return self._ka_reduce_and_apply(grads, apply_fn, worker_local=worker_local)
 
-    def _ka_accumulate(self, grads, apply_fn):
+    def _ka_accumulate(self, grads, apply_fn, worker_local):
         """Adds this micro-step's gradient to the accumulators; every k-th
         micro-step averages them over micro-steps and workers and applies.
 
@@ -308,10 +428,12 @@ class _DistributedCore:
         local = [grads[i] for i in present]
         for a, g in zip(acc.grads, local):
             a.assign_add(g)
-        if stats is not None and local:
+        shared = [grads[i] for i in present if not worker_local[i]]
+        if stats is not None and shared:
             # The micro-steps' squared norms, inverse sizes and sizes, for the
             # update they make up (its index does not change until it applies).
-            acc.local_sqr.assign_add(self._ka_local_sqr(local, tf.cast(self.iterations, tf.int64)))
+            acc.local_sqr.assign_add(self._ka_local_sqr([_dense(g) for g in shared],
+                                                        tf.cast(self.iterations, tf.int64)))
             acc.inv_batch.assign_add(stats.inverse_batch_size())
             acc.samples.assign_add(tf.cast(stats.batch_size, tf.float32))
         count = acc.count.assign_add(1)
@@ -321,9 +443,14 @@ class _DistributedCore:
             mean = list(grads)
             for i, a in zip(present, acc.grads):
                 mean[i] = a / tf.cast(n, a.dtype)
+            apply_update = apply_fn
+            if not acc.average:
+                # Horovod's average_aggregated_gradients=False: the sum.
+                def apply_update(g):
+                    return apply_fn([None if x is None else x * tf.cast(n, x.dtype) for x in g])
             applied = self._ka_reduce_and_apply(
-                mean, apply_fn, local_sqr=acc.local_sqr / n, inv_batch=acc.inv_batch / n,
-                samples=acc.samples, micro_steps=count)
+                mean, apply_update, local_sqr=acc.local_sqr / n, inv_batch=acc.inv_batch / n,
+                samples=acc.samples, micro_steps=count, worker_local=worker_local)
             with tf.control_dependencies([applied]):
                 for a in acc.grads:
                     a.assign(tf.zeros_like(a))
@@ -332,8 +459,13 @@ class _DistributedCore:
                 acc.count.assign(0)
             return tf.constant(True)
 
+        def accumulate_only():
+            if acc.count_micro_steps:
+                self.iterations.assign_add(1)
+            return tf.constant(False)
+
         # Compare with >=: a k lowered mid-accumulation applies at once.
-        return tf.cond(count >= acc.steps, update, lambda: tf.constant(False))
+        return tf.cond(count >= acc.steps, update, accumulate_only)
 
     def _ka_local_sqr(self, local, update_index):
         """This worker's squared gradient norm, where it is needed: on every
@@ -350,23 +482,31 @@ class _DistributedCore:
         return tf.cond(need, lambda: ops.squared_norms(local)[1], lambda: tf.constant(0.0))
 
     def _ka_reduce_and_apply(self, grads, apply_fn, local_sqr=None, inv_batch=None,
-                             samples=None, micro_steps=None):
+                             samples=None, micro_steps=None, worker_local=None):
         """One collective for the gradients (and the monitoring scalars), the
         statistics on measured updates, then the (skippable) update.
 
         ``local_sqr``, ``inv_batch``, ``samples`` and ``micro_steps`` describe
         accumulated gradients: the mean over the micro-steps of their squared
-        norms and of their inverse sizes, their total size, and their number."""
+        norms and of their inverse sizes, their total size, and their number.
+        ``worker_local[i]``: gradient i stays on this worker (not reduced,
+        not in the statistics)."""
         state = self._adapt_state
         stats = state.statistics
-        present = [i for i, g in enumerate(grads) if g is not None]
+        if worker_local is None:
+            worker_local = [False] * len(grads)
+        present = [i for i, g in enumerate(grads) if g is not None and not worker_local[i]]
         local = [grads[i] for i in present]
-        num_workers = _hvd.size()
+        num_workers = state.reduction.size()
 
         def with_averaged(reduced):
             out = list(grads)
             for i, r in zip(present, reduced):
                 out[i] = r
+            if state.worker_local.scale and num_workers > 1:
+                for i, g in enumerate(grads):
+                    if g is not None and worker_local[i]:
+                        out[i] = _scaled(g, 1.0 / num_workers)
             return out
 
         def apply(averaged):
@@ -375,7 +515,7 @@ class _DistributedCore:
             return out
 
         if stats is None or not local:
-            apply(with_averaged(_hvd.grouped_allreduce_average(local)))
+            apply(with_averaged(state.reduction.allreduce(local)))
             return tf.constant(True)
 
         update_index = tf.cast(self.iterations, tf.int64)
@@ -384,12 +524,12 @@ class _DistributedCore:
             # The local squared norm is also the non-finite check, so with
             # skip_nonfinite it is taken on every update; otherwise only on
             # measured ones (and on the update before, for one worker's pair).
-            local_sqr = self._ka_local_sqr(local, update_index)
+            local_sqr = self._ka_local_sqr([_dense(g) for g in local], update_index)
             inv_batch = stats.inverse_batch_size()
             samples = tf.cast(stats.batch_size, tf.float32)
         # This worker's measurement rides in the gradients' grouped allreduce
         # on every update (the one collective must match on every rank).
-        reduced = _hvd.grouped_allreduce_average(local + [tf.stack([local_sqr, inv_batch, samples])])
+        reduced = state.reduction.allreduce(local, [tf.stack([local_sqr, inv_batch, samples])])
         mean_local_sqr, mean_inv_batch, mean_samples = tf.unstack(reduced[-1])
         reduced = reduced[:-1]
         global_batch = tf.cast(num_workers, tf.float32) * mean_samples
@@ -400,7 +540,8 @@ class _DistributedCore:
         def measure():
             # Every rank takes this branch at the same update (same count, same
             # interval), and it holds no collective.
-            _, total_sqr = ops.squared_norms(reduced)
+            mean = _mean_view(reduced, state.reduction, num_workers)
+            _, total_sqr = ops.squared_norms(mean)
             if num_workers >= 2:
                 return stats.update(mean_local_sqr, total_sqr, m, inv_batch=mean_inv_batch,
                                     global_batch=global_batch)
@@ -408,7 +549,7 @@ class _DistributedCore:
             # the unbiased estimate; with one gradient per update, pair it
             # with the previous update's (biased while the weights move).
             pair_local, pair_total, pair_inv, pair_valid = self._ka_pair_with_previous(
-                reduced, local_sqr, inv_batch, update_index)
+                mean, local_sqr, inv_batch, update_index)
             several = m >= 2
             return stats.update(
                 tf.where(several, mean_local_sqr, pair_local),
@@ -422,7 +563,9 @@ class _DistributedCore:
         deps = [tf.cond(measured, measure, lambda: tf.constant(False))]
         if num_workers == 1:
             with tf.control_dependencies(deps):  # the pair reads before this overwrites
-                deps.append(self._ka_maybe_remember(reduced, local_sqr, inv_batch, update_index))
+                deps.append(self._ka_maybe_remember(
+                    _mean_view(reduced, state.reduction, num_workers), local_sqr, inv_batch,
+                    update_index))
 
         averaged = with_averaged(reduced)
         if not state.skip_nonfinite:
@@ -444,6 +587,12 @@ class _DistributedCore:
 
         with tf.control_dependencies(deps):
             return tf.cond(finite, apply_branch, skip_branch)
+
+
+def _scaled(g, factor):
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
 
 
 def _is_schedule(lr):
@@ -487,7 +636,10 @@ class _Keras3Binding(_DistributedCore):
                     self.build(variables)
                 self.built = True
         parent_apply = super().apply
-        self._ka_distributed_apply(grads, variables, lambda g: parent_apply(g, variables))
+        seen = variables
+        if seen is None and self._adapt_state.worker_local:
+            seen = list(self._trainable_variables)
+        self._ka_distributed_apply(grads, seen, lambda g: parent_apply(g, variables))
 
 
 class _Keras2Binding(_DistributedCore):
@@ -614,6 +766,34 @@ def _validate(optimizer, gradient_stats, skip_nonfinite):
     return optimizer
 
 
+def _check_horovod_arguments(sparse_as_dense, backward_passes_per_step,
+                             average_aggregated_gradients, scale_local_gradients, local_layers):
+    for name, value in (("sparse_as_dense", sparse_as_dense),
+                        ("average_aggregated_gradients", average_aggregated_gradients),
+                        ("scale_local_gradients", scale_local_gradients)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    k = backward_passes_per_step
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(
+            f"backward_passes_per_step={k!r} is not valid; use a positive int "
+            "(1: reduce and apply every step)"
+        )
+    if local_layers is None:
+        return ()
+    import keras
+
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = tuple(local_layers)
+    for layer in local_layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise TypeError(
+                f"local_layers must be Keras layers, got {type(layer).__name__}: {layer!r}"
+            )
+    return local_layers
+
+
 def DistributedOptimizer(  # noqa: N802 - a factory named like the class it returns, as in Horovod
     optimizer,
     gradient_stats=True,
@@ -621,6 +801,16 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     batch_size=None,
     skip_nonfinite=True,
     stats_interval=DEFAULT_STATS_INTERVAL,
+    *,
+    sparse_as_dense=False,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    compression=None,
+    op=None,
+    gradient_predivide_factor=1.0,
+    process_set=None,
+    scale_local_gradients=True,
+    local_layers=None,
 ):
     """Wraps a Keras optimizer to average gradients over Horovod workers and
     measure gradient statistics in the same step.
@@ -652,6 +842,30 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
             policies' ``warmup_updates`` count measurements); 10 saves the
             measured updates' share of the cost (``benchmarks/monitor_overhead.py``).
 
+    Horovod's arguments, with Horovod's defaults and meaning (see
+    docs/horovod.md):
+
+    Args:
+        sparse_as_dense: send ``tf.IndexedSlices`` gradients (embeddings)
+            densely in the grouped allreduce. ``False`` (Horovod's default)
+            allgathers their rows and indices instead (extra collectives).
+        backward_passes_per_step: k > 1 accumulates k micro-batches' gradients
+            before one allreduce and update (the in-graph accumulation of
+            :class:`keras_adapt.actuators.GradientAccumulation`, whose k
+            policies may change later); as in Horovod ``iterations`` counts
+            every backward pass.
+        average_aggregated_gradients: with k > 1, apply the mean of the k
+            gradients (``True``) or their sum (``False``, Horovod's default).
+        compression: ``horovod.tensorflow.Compression.none`` or ``.fp16``.
+        op: ``horovod.tensorflow.Average`` (default) or ``Sum``.
+        gradient_predivide_factor: with ``op=Average``, scale by 1/f before
+            the sum and f/size after it.
+        process_set: a ``horovod.tensorflow.ProcessSet`` to reduce over.
+        scale_local_gradients: divide worker-local gradients by the number
+            of workers (Horovod's default) -- see :meth:`register_local_var`.
+        local_layers: layers whose trainable weights are worker-local
+            (Horovod's ``PartialDistributedOptimizer``).
+
     Returns:
         An optimizer of the same class as ``optimizer``, with the extra
         attributes ``gradient_statistics`` and ``skipped_steps``.
@@ -669,24 +883,112 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     optimizer = _validate(optimizer, gradient_stats, skip_nonfinite)
     # Validates ema_decay and batch_size before any class is made.
     GradientStatistics.check_arguments(ema_decay, batch_size, stats_interval)
+    local_layers = _check_horovod_arguments(
+        sparse_as_dense, backward_passes_per_step, average_aggregated_gradients,
+        scale_local_gradients, local_layers)
     _hvd.ensure_initialized()
+    # Validates op, compression, the predivide factor and the process set.
+    _hvd.Reduction(op, compression, gradient_predivide_factor, process_set)
 
-    base = type(optimizer)
+    settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
+                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite,
+                "stats_interval": stats_interval, "sparse_as_dense": sparse_as_dense,
+                "backward_passes_per_step": backward_passes_per_step,
+                "average_aggregated_gradients": average_aggregated_gradients,
+                "op": op, "compression": compression,
+                "gradient_predivide_factor": gradient_predivide_factor,
+                "process_set": process_set, "scale_local_gradients": scale_local_gradients,
+                "local_layers": local_layers}
+    return distributed_class(type(optimizer), settings).from_config(optimizer.get_config())
+
+
+def distributed_class(base, settings):
+    """The distributed optimizer class for the Keras optimizer class ``base``
+    with keras-adapt ``settings`` (as :func:`DistributedOptimizer` builds
+    them); its ``from_config`` makes complete distributed optimizers (what
+    :func:`keras_adapt.saving.load_model` hands to Keras' loader)."""
     if _keras.IS_KERAS3:
         bindings = (_Keras3Binding,)
     elif hasattr(base, "_create_all_weights"):  # tf.keras 2 legacy OptimizerV2
         bindings = (_Keras2Binding,)
     else:
         bindings = (_Keras2LearningRate, _Keras2Binding)
-    settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
-                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite,
-                "stats_interval": stats_interval}
     # Same name and module as the wrapped class: a saved model then records a
     # plain optimizer, which loads anywhere (re-wrap it for distributed use).
     cls = type(base.__name__, (*bindings, base),
                {"__module__": base.__module__, "_ka_settings": settings})
     cls.__qualname__ = base.__qualname__
-    return cls.from_config(optimizer.get_config())
+    return cls
+
+
+def distributed_class_like(base, optimizer):
+    """The distributed class for the Keras optimizer class ``base`` with the
+    keras-adapt settings of the distributed ``optimizer``.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.optimizer import distributed_class_like
+    >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), gradient_stats=False)
+    >>> adam = distributed_class_like(keras.optimizers.Adam, opt).from_config(keras.optimizers.Adam().get_config())
+    >>> type(adam).__name__, adam.gradient_statistics is None
+    ('Adam', True)
+    """
+    if not is_distributed(optimizer):
+        raise ValueError(f"optimizer must come from DistributedOptimizer, got {type(optimizer).__name__}")
+    return distributed_class(base, type(optimizer)._ka_settings)
+
+
+def base_learning_rate(optimizer):
+    """The float learning rate the user configured, without keras-adapt's factor.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.optimizer import base_learning_rate
+    >>> round(base_learning_rate(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))), 6)
+    0.1
+    """
+    import numpy as np
+
+    lr = optimizer.learning_rate
+    value = float(np.asarray(lr.numpy() if hasattr(lr, "numpy") else lr))
+    control = optimizer.adapt_state.lr_control if is_distributed(optimizer) else None
+    if isinstance(optimizer, _Keras3Binding) and control is not None:
+        # Keras 3 reads the effective rate (see the binding).
+        value /= float(control.factor_at(optimizer.iterations).numpy())
+    return value
+
+
+def set_base_learning_rate(optimizer, value):
+    """Sets the learning rate the user configured (the base under
+    keras-adapt's learning-rate factor, if any) to the float ``value``.
+
+    For callbacks that own the schedule (Horovod's warm-up and schedule
+    callbacks): the effective rate is then ``value x factor`` on both stacks.
+    A plain Keras optimizer simply gets ``learning_rate = value``.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.optimizer import set_base_learning_rate
+    >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    >>> set_base_learning_rate(opt, 0.25)
+    >>> round(float(opt.learning_rate.numpy()), 6)
+    0.25
+    """
+    try:
+        if isinstance(optimizer, _Keras3Binding):
+            # The public setter takes the effective rate; set the base directly.
+            super(_Keras3Binding, type(optimizer)).learning_rate.fset(optimizer, float(value))
+        else:
+            optimizer.learning_rate = float(value)
+    except TypeError as exc:
+        raise ValueError(
+            f"cannot set the learning rate of {type(optimizer).__name__}: it was "
+            "created with a LearningRateSchedule. Use either the schedule or a "
+            "learning-rate callback, with a float learning rate"
+        ) from exc
 
 
 def is_distributed(optimizer):

@@ -1,18 +1,24 @@
 """Keras callbacks of keras-adapt (one per module)."""
 
 from keras_adapt.callbacks.adapt_tensorboard import AdaptTensorBoard
+from keras_adapt.callbacks.best_model_checkpoint import BestModelCheckpoint
 from keras_adapt.callbacks.broadcast_global_variables import (
     BroadcastGlobalVariablesCallback,
     broadcast_variables,
 )
 from keras_adapt.callbacks.gradient_stats_monitor import LOG_KEYS, GradientStatsMonitor
+from keras_adapt.callbacks.learning_rate_schedule import LearningRateScheduleCallback
+from keras_adapt.callbacks.learning_rate_warmup import LearningRateWarmupCallback
 from keras_adapt.callbacks.metric_average import MetricAverageCallback
 
 __all__ = [
     "AdaptTensorBoard",
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
     "GradientStatsMonitor",
     "LOG_KEYS",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "broadcast_variables",
 ]

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt.optimizer import WorkerLocalVariables
 
 
 def _variables(obj):
@@ -41,6 +42,27 @@ def broadcast_variables(variables, root_rank=0):
     _broadcast()
 
 
+def _check_local_variables(local_variables):
+    if local_variables is None:
+        return []
+    if hasattr(local_variables, "assign"):
+        local_variables = [local_variables]
+    local_variables = list(local_variables)
+    for v in local_variables:
+        if not hasattr(v, "assign"):
+            raise ValueError(
+                f"local_variables must hold variables (tf.Variable or Keras variables); "
+                f"got {type(v).__name__}: {v!r}"
+            )
+    return local_variables
+
+
+def _is_built(model):
+    """Whether the model's weights exist (a ``Sequential`` without ``Input``
+    gets them only inside the first train step)."""
+    return bool(getattr(model, "built", True))
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcasts the model's and the optimizer's variables from ``root_rank``.
 
@@ -50,8 +72,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     weights on all ranks; after the first batch everything is broadcast once
     more, including optimizer slots that Keras 2 creates lazily.
 
+    A model whose weights are created lazily (a ``Sequential`` without an
+    ``Input``, as in Horovod's MNIST example) has no weights at the start of
+    training: its first step then runs from each rank's own initial weights
+    (with the averaged gradient, as in Horovod), and the broadcast at the end
+    of that step makes weights and optimizer slots identical on every rank
+    from the second step on. Give the model an ``Input`` (or ``build`` it)
+    for identical weights from the first step.
+
     Args:
         root_rank: the rank whose values everyone takes (usually 0).
+        local_variables: variables (or one variable) to leave alone: each
+            worker keeps its own values (Horovod's ``local_variables``;
+            pair it with ``register_local_var`` on the optimizer).
 
     Example:
 
@@ -61,7 +94,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     0
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, local_variables=None):
         super().__init__()
         if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
             raise ValueError(
@@ -69,7 +102,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 "smaller than the number of workers (usually 0)"
             )
         self.root_rank = root_rank
+        self._local = WorkerLocalVariables()
+        for v in _check_local_variables(local_variables):
+            self._local.add(v)
         self._done = False
+
+    def register_local_var(self, var):
+        """Leaves ``var`` out of the broadcast (Horovod's name).
+
+        Example:
+
+        >>> import tensorflow as tf, keras_adapt
+        >>> cb = keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)
+        >>> cb.register_local_var(tf.Variable(1.0))
+        """
+        self._local.add(var)
 
     def _check_rank(self):
         if self.root_rank >= _hvd.size():
@@ -80,12 +127,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast_all(self):
         optimizer = getattr(self.model, "optimizer", None)
-        broadcast_variables(_variables(self.model) + _variables(optimizer), self.root_rank)
+        variables = _variables(self.model) + _variables(optimizer)
+        if self._local:
+            variables = [v for v in variables if not self._local.contains(v)]
+        broadcast_variables(variables, self.root_rank)
 
     def on_train_begin(self, logs=None):
         self._check_rank()
         self._done = False
-        self._broadcast_all()
+        if _is_built(self.model):
+            self._broadcast_all()
 
     def on_train_batch_end(self, batch, logs=None):
         if not self._done:
