@@ -42,6 +42,6 @@ ln -s "$venv/bin/horovodrun" "$work/env/bin/horovodrun"
 
 log "testing the installed package (outside the checkout)"
 cd "$work"
-KERAS_ADAPT_TEST_INSTALLED=1 KERAS_ADAPT_CHECKOUT="$root" KERAS_ADAPT_OPS=native \
+KERAS_ADAPT_TEST_INSTALLED=1 KERAS_ADAPT_CHECKOUT="$root" \
   "$work/env/bin/python" -m pytest -p no:cacheprovider -q \
   "$root/tests/test_install.py" "$root/tests/test_docstrings.py" "$root/tests/test_distributed.py"
