@@ -89,18 +89,22 @@ def _ema(values, decay):
     return ema / (1 - decay ** len(values))
 
 
-def _remainder_fit(model, x, y, epochs, decay=0.998):
-    """lr = 0 (weights fixed), batch 64 with a remainder batch, shuffled,
-    every update measured (so every pair around the remainder counts)."""
+def _remainder_fit(model, x, y, epochs, decay=0.998, seed=0):
+    """lr = 0 (weights fixed), batch 64 with a remainder batch, a fresh
+    permutation in every epoch, every update measured (so every pair around
+    the remainder counts)."""
     opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=decay,
                                            stats_interval=1)
     model.compile(opt, "mse")
-    # Under a global seed (set_random_seed) Keras 3 draws the same last
-    # batches in every epoch, so the pairs around the remainder would not be
-    # independent draws; unseeded shuffling is what the estimate assumes.
-    tf.random.set_seed(None)
+    # The estimate assumes independent draws, so each epoch needs its own
+    # order (Keras 3's shuffle under a global seed repeats the last batches
+    # every epoch). A seeded tf.data shuffle gives a new permutation per epoch
+    # and the same sequence on every run, so the test is deterministic (the
+    # spread over seeds is about 2% on gns, well inside the 10% tolerance).
+    data = tf.data.Dataset.from_tensor_slices((x, y))
+    data = data.shuffle(len(x), seed=seed, reshuffle_each_iteration=True).batch(64)
     with pytest.warns(RuntimeWarning, match="one worker"):
-        history = model.fit(x, y, batch_size=64, epochs=epochs, shuffle=True, verbose=0,
+        history = model.fit(data, epochs=epochs, verbose=0,
                             callbacks=[GradientStatsMonitor(interval=50)])
     return opt.gradient_statistics.result(), history.history
 
@@ -117,7 +121,7 @@ def _brute_force(per_sample):
 
 
 def test_single_worker_remainder_batch_linear_regression_against_brute_force():
-    # fit(x, y, batch_size=64, shuffle=True) on 20 full batches and one of 5:
+    # Shuffled batches of 64 over 20 full batches and one of 5 per epoch:
     # the pairs (64, 5) and (5, 64) must not bias the estimate (a single
     # batch size for both made grad_var about 30% high here).
     dim, full, rest = 8, 20, 5
