@@ -1,29 +1,51 @@
 # keras-adapt: two stacks, each in its own virtual environment.
-#   primary: .venv         TensorFlow 2.18.1 + Keras 3
+#   primary: .venv         TensorFlow 2.21.0 + Keras 3   (PRIMARY_TF=2.18: TensorFlow 2.18.1)
 #   legacy:  .venv-keras2  TensorFlow 2.15.1 + tf.keras 2.15
-# Each gets Horovod 0.28.1 compiled against its own TensorFlow, then
+# Each gets Horovod 0.28.1 compiled from its source distribution, with
+# tools/horovod-patches/ applied, against its own TensorFlow, then
 # keras-adapt installed editable (which compiles csrc/ for that TensorFlow).
 
 PYTHON ?= python3
 VENV := .venv
 VENV2 := .venv-keras2
+# The primary stack's TensorFlow: requirements/primary-tf<major.minor>.txt.
+PRIMARY_TF ?= 2.21
+PRIMARY_TF_MINOR := $(word 1,$(subst ., ,$(PRIMARY_TF))).$(word 2,$(subst ., ,$(PRIMARY_TF)))
+PRIMARY_REQ := requirements/primary-tf$(PRIMARY_TF_MINOR).txt
+ifeq ($(wildcard $(PRIMARY_REQ)),)
+$(error PRIMARY_TF=$(PRIMARY_TF): no $(PRIMARY_REQ); use one of $(patsubst requirements/primary-tf%.txt,%,$(wildcard requirements/primary-tf*.txt)))
+endif
+ifneq ($(PRIMARY_TF),$(PRIMARY_TF_MINOR))
+ifeq ($(shell grep -x 'tensorflow-cpu==$(PRIMARY_TF)' $(PRIMARY_REQ)),)
+$(error PRIMARY_TF=$(PRIMARY_TF): $(PRIMARY_REQ) pins $(shell sed -n 's/^tensorflow-cpu==//p' $(PRIMARY_REQ)); use PRIMARY_TF=$(PRIMARY_TF_MINOR))
+endif
+endif
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
 OPS_SRC := $(wildcard csrc/*.cc) setup.py
 
-.PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy test-install bench clean
+HOROVOD_PATCHES := $(wildcard tools/horovod-patches/*.patch)
+
+.PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy test-install bench clean FORCE
 
 setup: setup-primary setup-legacy
 
 setup-primary: $(VENV)/.ready
 setup-legacy: $(VENV2)/.ready
 
-$(VENV)/.ready: requirements/primary.txt tools/setup_stack.sh $(OPS_SRC)
-	PYTHON=$(PYTHON) bash tools/setup_stack.sh $(VENV) requirements/primary.txt
+$(VENV)/.ready: $(VENV)/.primary-requirements requirements/primary-common.txt $(PRIMARY_REQ) \
+		tools/setup_stack.sh $(HOROVOD_PATCHES) $(OPS_SRC)
+	PYTHON=$(PYTHON) bash tools/setup_stack.sh $(VENV) $(PRIMARY_REQ)
 	touch $@
 
-$(VENV2)/.ready: requirements/legacy.txt tools/setup_stack.sh $(OPS_SRC)
+# Names the chosen requirements file; rewritten (so the stack is set up
+# again) only when PRIMARY_TF chooses another one.
+$(VENV)/.primary-requirements: FORCE
+	@mkdir -p $(VENV)
+	@echo $(PRIMARY_REQ) | cmp -s - $@ || echo $(PRIMARY_REQ) > $@
+
+$(VENV2)/.ready: requirements/legacy.txt tools/setup_stack.sh $(HOROVOD_PATCHES) $(OPS_SRC)
 	PYTHON=$(PYTHON) bash tools/setup_stack.sh $(VENV2) requirements/legacy.txt
 	touch $@
 
