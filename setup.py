@@ -4,7 +4,7 @@ The C++ op library in ``csrc/`` is compiled against the TensorFlow that is
 installed in the *current* environment, so install with
 ``pip install --no-build-isolation -e .`` after TensorFlow (``make setup``
 does this). The library name carries the TensorFlow version
-(``_keras_adapt_ops_tf2_18``) because an editable install shares one source
+(``_keras_adapt_ops_tf2_21``) because an editable install shares one source
 tree between environments with different TensorFlow versions and ABIs.
 If TensorFlow is not importable at build time the library is skipped and
 keras-adapt falls back to its pure-TensorFlow twin of every op.

@@ -8,7 +8,7 @@ default loader (its Rust data server) and with ``--load_fast=false`` --
 are compared with the run's ``adapt_events.jsonl``.
 
 Needs Debian's ``chromium`` (``make setup`` installs it when run as root)
-and the ``playwright`` package (requirements/primary.txt), driven with the
+and the ``playwright`` package (requirements/primary-common.txt), driven with the
 system browser; never ``playwright install``. Skips with the reason when
 either is missing. Saves screenshots to ``test-artifacts/``.
 """

@@ -6,7 +6,7 @@ through BOTH of TensorBoard's loaders -- its Python multiplexer
 ``--load_fast=auto``), which keeps one datum per step -- and every route is
 requested through ``tensorboard.backend.application`` with werkzeug's test
 client, next to TensorBoard's own Scalars plugin; on both stacks
-(TensorBoard 2.18 and 2.15).
+(TensorBoard 2.21 and 2.15; 2.18 with the TensorFlow 2.18 option).
 """
 
 import csv
