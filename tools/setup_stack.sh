@@ -91,16 +91,28 @@ then
 fi
 built_for=$(sed -n 's/^tensorflow //p' "$hvd_stamp" 2>/dev/null || true)
 
-if [ "$built_for" != "$tf_version" ] || ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
+rebuild=""
+if ! "$py" -c "import horovod" >/dev/null 2>&1; then
+  rebuild="not installed"
+elif [ "$built_for" != "$tf_version" ]; then
+  rebuild="built against TensorFlow ${built_for:-installed before the current one}, which is now $tf_version"
+elif ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
+  rebuild="horovod.tensorflow does not import"
+fi
+
+if [ -n "$rebuild" ]; then
   command -v cmake >/dev/null 2>&1 || "$py" -m pip install -q cmake
   with_mpi=0 mpi_flag=HOROVOD_WITHOUT_MPI=1
   if command -v mpicc >/dev/null 2>&1; then with_mpi=1 mpi_flag=HOROVOD_WITH_MPI=1; fi
-  if [ -n "$built_for" ]; then
-    log "Horovod was built against TensorFlow $built_for, TensorFlow is now $tf_version: rebuilding it and the op library"
+  if [ "$rebuild" != "not installed" ]; then
+    # The op library of this TensorFlow minor version may be from the old
+    # TensorFlow too (its name carries only major_minor): build it again.
+    log "Horovod: $rebuild; rebuilding it and the op library"
     rm -f keras_adapt/ops/_keras_adapt_ops_tf"$(echo "$tf_version" | cut -d. -f1-2 | tr . _)"*.so
   fi
   rm -f "$hvd_stamp"
   src=$(mktemp -d "${TMPDIR:-/tmp}/horovod-src.XXXXXX")
+  trap 'rm -rf "$src"' EXIT
   log "downloading the horovod==$HOROVOD_VERSION source distribution"
   # --no-cache-dir throughout: a wheel cached from another stack was built
   # against a different TensorFlow and must never be reused here.
