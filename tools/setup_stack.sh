@@ -27,7 +27,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 py="$venv/bin/python"
-export PATH="$PWD/$venv/bin:$PATH"
+export PATH="$(cd "$venv" && pwd)/bin:$PATH"   # VENV may be relative or absolute
 
 # The requirements file and the files it includes (-r, relative to it).
 req_files() {
