@@ -67,7 +67,9 @@ def test_writes_series_step_times_and_events(tmp_path, order):
     log_dir = str(tmp_path / "run")
     x, y = small_data()
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    # every update measured: the series are compared with the statistics at each write
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01), stats_interval=1),
+                  "mse")
     adapt, monitor = AdaptTensorBoard(log_dir, update_freq=4), GradientStatsMonitor(4)
     emitted = []
     # Events at one step from a callback before AdaptTensorBoard (written at

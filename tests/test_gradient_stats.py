@@ -190,3 +190,30 @@ def test_interval_decides_which_updates_are_measured():
         stats.set_interval(0)
     with pytest.raises(ValueError, match="stats_interval=1.5"):
         GradientStatistics(interval=1.5)
+
+
+def test_averages_decay_per_update_so_the_interval_changes_weights_not_horizon():
+    # Measuring one update in N, a measurement enters with weight 1 - d^N
+    # (it stands for N updates); the bias correction is kept the same way,
+    # so changing N in the middle is exact too. Truth in numpy.
+    d = 0.9
+    stats = GradientStatistics(ema_decay=d, batch_size=8, interval=4)
+    # M = 2: |G|^2 = 2 * total - local
+    measurements = [((5.0, 4.0), 4), ((10.0, 6.0), 4), ((7.0, 7.0), 2)]
+    ema = weight = 0.0
+    for (local, total), n in measurements:
+        stats.set_interval(n)
+        stats.update(tf.constant(local), tf.constant(total), num_gradients=2)
+        beta = d ** n
+        ema = beta * ema + (1 - beta) * (2 * total - local)
+        weight = beta * weight + (1 - beta)
+    r = stats.result()
+    assert r["updates"] == 3 and r["covered_updates"] == 10
+    assert r["grad_sqr"] == pytest.approx(ema / weight, rel=1e-12)
+    # the same three measurements at interval 1 weigh the last one less
+    every = GradientStatistics(ema_decay=d, batch_size=8)
+    for (local, total), _ in measurements:
+        every.update(tf.constant(local), tf.constant(total), num_gradients=2)
+    assert every.result()["grad_sqr"] == pytest.approx(
+        (d * d * 0.1 * 3 + d * 0.1 * 2 + 0.1 * 7) / (1 - d ** 3), rel=1e-12)
+    assert every.result()["covered_updates"] == 3

@@ -196,7 +196,8 @@ def test_stats_interval_one_worker_pairs_and_set_interval_without_retrace():
     dim, batch, steps, every = 16, 32, 801, 4
     model, w_true, w0 = _fixed_linear(dim)
     x, y = linear_regression(steps * batch, dim, w_true, seed=11)
-    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.98,
+    # the decay is per update: 0.995 per update is 0.98 per measurement here
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.995,
                                            stats_interval=every)
     traces = _counting_traces(opt)
     model.compile(opt, "mse")
@@ -206,6 +207,7 @@ def test_stats_interval_one_worker_pairs_and_set_interval_without_retrace():
     # updates 4, 8, ..., 800 are measured, each paired with the one before;
     # update 0 is measured too but has no predecessor
     assert r["updates"] == (steps - 1) // every
+    assert r["covered_updates"] == every * r["updates"]
     truth = linear_regression_gradient_stats(w0, w_true)
     for key in ("grad_sqr", "grad_var", "gns"):
         assert r[key] == pytest.approx(truth[key], rel=0.10), key
@@ -226,8 +228,8 @@ def test_stats_interval_with_accumulation_measures_whole_updates():
     dim, batch, k, every, updates = 16, 32, 3, 5, 600
     model, w_true, w0 = _fixed_linear(dim, seed=4)
     x, y = linear_regression(updates * k * batch, dim, w_true, seed=12)
-    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.98,
-                                           stats_interval=every)
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.996,
+                                           stats_interval=every)  # 0.98 per measurement
     model.compile(opt, "mse")
     GradientAccumulation(model, steps=k)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
@@ -247,14 +249,16 @@ def test_bad_stats_interval_names_the_argument(bad):
         keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), stats_interval=bad)
 
 
-def _train(gradient_stats, epochs=2, nan_batch=None, stats_interval=1):
+def _train(gradient_stats, epochs=2, nan_batch=None, stats_interval=1, skip_nonfinite=True):
     x, y = _data()
     if nan_batch is not None:
         x[nan_batch * 32 + 1, 0] = np.nan
     model = _mlp()
     opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
                                            gradient_stats=gradient_stats,
-                                           stats_interval=stats_interval)
+                                           stats_interval=stats_interval,
+                                           **({} if skip_nonfinite is None
+                                              else {"skip_nonfinite": skip_nonfinite}))
     model.compile(opt, "mse")
     losses = []
     cb = keras.callbacks.LambdaCallback(
@@ -283,6 +287,19 @@ def test_nan_gradient_is_skipped_counted_and_training_continues():
     assert stats["nonfinite"] == 1
     assert int(opt.iterations.numpy()) == 256 // 32 - 1
     assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_by_default_a_nan_gradient_is_applied_as_in_horovod_but_not_measured():
+    # skip_nonfinite is off by default: the update goes through (the weights
+    # turn NaN, as with hvd.DistributedOptimizer), the measurement of that
+    # update is refused and counted, and nothing is counted as skipped.
+    model, opt, _ = _train(True, epochs=1, nan_batch=3, skip_nonfinite=None)
+    assert type(opt)._ka_settings["skip_nonfinite"] is False
+    assert int(opt.skipped_steps.numpy()) == 0
+    assert int(opt.iterations.numpy()) == 256 // 32
+    assert opt.gradient_statistics.result()["nonfinite"] >= 1
+    assert not all(np.isfinite(w).all() for w in model.get_weights())
 
 
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")

@@ -27,11 +27,14 @@ def _model(lr=0.1):
     return model
 
 
-def _script_gns(model, gns, updates=1000):
-    """Sets the in-graph statistics so that result() reports exactly ``gns``."""
+def _script_gns(model, gns, updates=1000, stats_interval=1):
+    """Sets the in-graph statistics so that result() reports exactly ``gns``
+    after ``updates`` measurements, one every ``stats_interval`` updates."""
     stats = model.optimizer.gradient_statistics
-    correction = 1.0 - stats.ema_decay ** updates
+    correction = 1.0 - stats.ema_decay ** (updates * stats_interval)
     stats.updates.assign(updates)
+    stats.covered_updates.assign(updates * stats_interval)
+    stats.ema_weight.assign(correction)
     stats.ema_grad_sqr.assign(1.0 * correction)
     stats.ema_grad_var.assign(gns * correction)
 
@@ -96,11 +99,27 @@ def test_gns_policy_decreases_only_when_allowed_and_not_below_min():
     assert decisions == [(10, 16 * n, 128 * n), (30, 128 * n, 64 * n), (40, 64 * n, 16 * n)]
 
 
-def test_gns_policy_waits_for_warmup_measurements():
+def test_gns_policy_waits_for_warmup_updates():
     model = _model()
     policy = GNSBatchSizePolicy(min_batch=16, max_batch=1024, micro_batch_size=16,
                                 warmup_updates=2000, min_change_interval=0, interval=10)
     assert _drive(policy, model, [(10, 500.0), (20, 500.0)]) == []
+
+
+def test_gns_policy_warmup_counts_updates_not_measurements():
+    # 150 measurements at stats_interval 10 cover 1500 updates: past a
+    # warm-up of 1000 updates, though fewer than 1000 measurements were taken
+    model = _model()
+    stats = model.optimizer.gradient_statistics
+    policy = GNSBatchSizePolicy(min_batch=16, max_batch=1024, micro_batch_size=16,
+                                warmup_updates=1000, min_change_interval=0, interval=10)
+    policy.set_model(model)
+    _script_gns(model, 500.0, updates=150, stats_interval=10)
+    assert stats.result()["covered_updates"] == 1500
+    assert stats.result()["gns"] == pytest.approx(500.0)
+    assert policy.should_change(10, 500.0, stats.result()["covered_updates"], 16) == 500.0
+    _script_gns(model, 500.0, updates=90, stats_interval=10)
+    assert policy.should_change(10, 500.0, stats.result()["covered_updates"], 16) is None
 
 
 def test_gns_policy_moves_lr_with_the_rule_and_writes_events(tmp_path):

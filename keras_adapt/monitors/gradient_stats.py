@@ -25,6 +25,13 @@ of the averages: B_simple = EMA(tr S) / EMA(|G|^2). The SNR compares
 B_simple with the global batch of the measured updates, averaged the same
 way (see :meth:`GradientStatistics.result`).
 
+The averages decay per optimizer update, not per measurement: measuring one
+update in N, a measurement stands for the N updates up to the next one and
+enters with weight 1 - decay^N. The averages then span the same stretch of
+training whatever N is (about 1 / (1 - decay) updates); a larger N only
+means fewer measurements in it. The bias correction is the average of 1
+kept the same way, so N may change in the middle of training.
+
 Everything here runs inside the compiled train function and lives in
 ``tf.Variable``s; callbacks read them every few steps without a collective.
 """
@@ -44,9 +51,9 @@ class GradientStatistics(tf.Module):
     reads the current estimates on the host.
 
     Args:
-        ema_decay: decay of the exponential moving averages, in (0, 1), per
-            measurement. 0.99 averages over roughly the last 100
-            measurements, i.e. about ``100 * interval`` updates.
+        ema_decay: decay of the exponential moving averages per optimizer
+            update, in (0, 1). 0.99 averages over roughly the last 100
+            updates, of which ``100 / interval`` are measured.
         batch_size: the per-worker micro-batch size b if fixed and known;
             otherwise it is recorded from the data each step (see
             ``GradientStatsMonitor``).
@@ -80,7 +87,9 @@ class GradientStatistics(tf.Module):
             self.ema_grad_sqr = var(0.0, _F64, "ema_grad_sqr")
             self.ema_grad_var = var(0.0, _F64, "ema_grad_var")
             self.ema_global_batch = var(0.0, _F64, "ema_global_batch")
+            self.ema_weight = var(0.0, _F64, "ema_weight")
             self.updates = var(0, tf.int64, "updates")
+            self.covered_updates = var(0, tf.int64, "covered_updates")
             self.nonfinite = var(0, tf.int64, "nonfinite")
             self.global_batch = var(0.0, _F64, "global_batch")
 
@@ -193,7 +202,9 @@ class GradientStatistics(tf.Module):
         grad_sqr = (m * total_sqr - local_sqr) / denom
         grad_var = m * (local_sqr - total_sqr) / (denom * tf.where(h > 0.0, h, 1.0))
         usable = finite & (h > 0.0) & (m >= 2.0) & tf.cast(valid, tf.bool)
-        beta = tf.constant(self.ema_decay, _F64)
+        # One measurement stands for the `interval` updates up to the next.
+        interval = tf.cast(self.interval, _F64)
+        beta = tf.pow(tf.constant(self.ema_decay, _F64), interval)
 
         # Branch-free: no tf.cond (and its branch functions) for a handful of
         # scalars. tf.where keeps the old value when the measurement is
@@ -205,7 +216,9 @@ class GradientStatistics(tf.Module):
         keep_or(self.ema_grad_var, beta * self.ema_grad_var + (1.0 - beta) * grad_var)
         keep_or(self.ema_global_batch, beta * self.ema_global_batch + (1.0 - beta) * global_batch)
         keep_or(self.global_batch, global_batch)
+        keep_or(self.ema_weight, beta * self.ema_weight + (1.0 - beta))
         self.updates.assign_add(tf.cast(usable, tf.int64))
+        self.covered_updates.assign_add(tf.where(usable, self.interval, tf.zeros_like(self.interval)))
         self.nonfinite.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         return usable
 
@@ -216,7 +229,9 @@ class GradientStatistics(tf.Module):
         ``grad_sqr`` (|G|^2), ``grad_var`` (tr Sigma, per sample), ``gns``
         (B_simple) and ``grad_snr`` (B / B_simple), plus ``batch_size`` (the
         global batch of the last measured update), ``snr_batch_size`` (the B
-        of ``grad_snr``), ``updates`` and ``nonfinite`` counts.
+        of ``grad_snr``), ``updates`` (measurements that entered the
+        averages), ``covered_updates`` (the optimizer updates they stand for:
+        the sum of ``interval`` over them) and the ``nonfinite`` count.
 
         B of ``grad_snr`` is the moving average of the measured updates'
         global batches, with the same decay and bias correction as the
@@ -231,6 +246,7 @@ class GradientStatistics(tf.Module):
         updates = int(self.updates.numpy())
         out = {
             "updates": updates,
+            "covered_updates": int(self.covered_updates.numpy()),
             "nonfinite": int(self.nonfinite.numpy()),
             "batch_size": float(self.global_batch.numpy()),
         }
@@ -238,7 +254,7 @@ class GradientStatistics(tf.Module):
             nan = float("nan")
             out.update(grad_sqr=nan, grad_var=nan, gns=nan, grad_snr=nan, snr_batch_size=nan)
             return out
-        correction = 1.0 - self.ema_decay ** updates
+        correction = float(self.ema_weight.numpy())
         grad_sqr = float(self.ema_grad_sqr.numpy()) / correction
         grad_var = float(self.ema_grad_var.numpy()) / correction
         batch = float(self.ema_global_batch.numpy()) / correction
@@ -254,9 +270,11 @@ class GradientStatistics(tf.Module):
 
     def reset(self):
         """Forgets all measurements (e.g. after the model changed a lot)."""
-        for v in (self.ema_grad_sqr, self.ema_grad_var, self.ema_global_batch, self.global_batch):
+        for v in (self.ema_grad_sqr, self.ema_grad_var, self.ema_global_batch, self.global_batch,
+                  self.ema_weight):
             v.assign(tf.zeros_like(v))
         self.updates.assign(0)
+        self.covered_updates.assign(0)
         self.nonfinite.assign(0)
 
 

@@ -8,7 +8,7 @@ import keras
 from keras_adapt import _hvd, _train_step, events
 from keras_adapt.optimizer import require_distributed
 
-_STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates")
+_STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates", "covered_updates")
 
 
 def _check_positive_int(name, value, minimum=1):

@@ -27,7 +27,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     Every ``interval`` updates the target ``gns_multiple x B_simple`` is
     clipped to ``[min_batch, max_batch]``. The batch changes only when
 
-    * at least ``warmup_updates`` measurements entered the statistics,
+    * the statistics cover at least ``warmup_updates`` optimizer updates
+      (``covered_updates``: with ``stats_interval`` N, one measurement covers N),
     * at least ``min_change_interval`` updates passed since the last change,
     * the unclipped target leaves the hysteresis band: it is >=
       ``(1 + hysteresis) x`` the current batch (or, with ``allow_decrease``,
@@ -41,7 +42,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         gns_multiple: target = gns_multiple x B_simple (> 0).
         hysteresis: relative dead band around the current batch (>= 0).
         min_change_interval: updates between two changes (>= 0).
-        warmup_updates: measurements needed before the first decision.
+        warmup_updates: optimizer updates the statistics must cover before
+            the first decision (independent of ``stats_interval``).
         allow_decrease: also shrink the batch when the noise scale falls.
         **kwargs: see :class:`BatchSizePolicy` (``dataset``,
             ``micro_batch_size``, ``max_micro_batch_size``, ``scaling_rule``,
@@ -78,9 +80,9 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         """The clipped target global batch for noise scale ``gns``."""
         return min(max(self.gns_multiple * gns, self.min_batch), self.max_batch)
 
-    def should_change(self, step, gns, updates, current):
+    def should_change(self, step, gns, covered_updates, current):
         """The decision rule: the target batch, or None to keep ``current``."""
-        if gns is None or not math.isfinite(gns) or updates < self.warmup_updates:
+        if gns is None or not math.isfinite(gns) or covered_updates < self.warmup_updates:
             return None
         if self._last_change is not None and step - self._last_change < self.min_change_interval:
             return None
@@ -97,7 +99,7 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     def decide(self, step, values):
         current = self.batch.value
         gns = values.get("gns")
-        target = self.should_change(step, gns, values.get("updates", 0), current)
+        target = self.should_change(step, gns, values.get("covered_updates", 0), current)
         if target is not None:
             self.change_batch(
                 target,

@@ -43,13 +43,15 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
 
     It changes the batch when the best candidate's predicted goodput beats
     the current one's by more than ``hysteresis``, at most every
-    ``min_change_interval`` updates, after ``warmup_updates`` measurements.
+    ``min_change_interval`` updates, once the statistics cover
+    ``warmup_updates`` optimizer updates.
 
     Args:
         min_batch, max_batch: bounds of the global batch.
         hysteresis: relative goodput gain required for a change (>= 0).
         min_change_interval: updates between changes.
-        warmup_updates: statistics measurements before the first decision.
+        warmup_updates: optimizer updates the statistics must cover before
+            the first decision (independent of ``stats_interval``).
         measure_updates: timed updates needed at a batch before it counts.
         explore: try a second batch size when only one was measured.
         **kwargs: see :class:`BatchSizePolicy`.
@@ -154,7 +156,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
 
     def decide(self, step, values):
         gns = values.get("gns")
-        if gns is None or not math.isfinite(gns) or values.get("updates", 0) < self.warmup_updates:
+        if gns is None or not math.isfinite(gns) or values.get("covered_updates", 0) < self.warmup_updates:
             return
         if self._last_change is not None and step - self._last_change < self.min_change_interval:
             return

@@ -110,7 +110,8 @@ x, y = linear_regression(160, 16, np.linspace(-1, 1, 16), seed=300 + rank)
 if rank == 1 or size == 1:
     x[3 * 16 + 5, 2] = np.nan
 model = mlp(seed=99)
-opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01), stats_interval=1)
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01), stats_interval=1,
+                                       skip_nonfinite=True)
 model.compile(opt, "mse")
 stats = opt.gradient_statistics
 snapshots = []
@@ -168,7 +169,8 @@ results["remainder"] = {
 # -- interval: one update in four measured ----------------------------------
 x, y = linear_regression(steps * batch, dim, w_true, noise_std=noise, seed=500 + rank)
 model = linear_model(dim, w0)
-opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.98,
+# ema_decay is per update: 0.995 per update is 0.98 per measurement here
+opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.995,
                                        stats_interval=4)
 model.compile(opt, "mse")
 model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
