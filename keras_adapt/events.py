@@ -1,7 +1,7 @@
 """Adaptation events: one record per decision, on disk and to listeners.
 
 Every decision a policy makes (a new batch size, a new learning rate, ...)
-becomes one event with the schema of :mod:`tensorboard_plugin_adapt.metadata`
+becomes one event with the schema of :mod:`keras_adapt.record.metadata`
 (DESIGN.md section 4). :func:`emit` appends it as one JSON line to
 ``<log_dir>/adapt_events.jsonl`` -- on rank 0 only, because every rank makes
 the same decision at the same step -- and hands it to every registered
@@ -27,7 +27,7 @@ import os
 import threading
 import warnings
 
-from tensorboard_plugin_adapt import metadata
+from keras_adapt.record import metadata
 
 EVENT_KINDS = metadata.EVENT_KINDS
 EVENT_FIELDS = metadata.EVENT_FIELDS

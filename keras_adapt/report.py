@@ -4,7 +4,7 @@ For people without TensorBoard at hand: ``keras-adapt report LOGDIR -o
 report.png`` (or ``report.html``, the picture embedded plus a table of every
 event). It reads the same data as the tab, the same way -- TensorBoard's own
 event-file multiplexer and data provider, through
-``tensorboard_plugin_adapt.reader`` -- and falls back to a run's
+``keras_adapt.record.reader`` -- and falls back to a run's
 ``adapt_events.jsonl`` when its event files hold no events. Damaged files
 and unknown event kinds are skipped or shown as such, never fatal.
 
@@ -13,7 +13,7 @@ Example:
 >>> import os, tempfile
 >>> import tensorflow as tf
 >>> from keras_adapt import report
->>> from tensorboard_plugin_adapt import metadata, summary
+>>> from keras_adapt.record import metadata, summary
 >>> logdir = tempfile.mkdtemp()
 >>> with tf.summary.create_file_writer(os.path.join(logdir, "run1")).as_default():
 ...     for s in range(1, 20):
@@ -36,7 +36,7 @@ import math
 import os
 import struct
 
-from tensorboard_plugin_adapt import metadata, reader
+from keras_adapt.record import metadata, reader
 
 __all__ = ["RunData", "build_figure", "load_runs", "plot_runs", "png_size", "tick_label",
            "write_report"]

@@ -20,7 +20,8 @@ from tensorboard.backend.event_processing import (
     plugin_event_multiplexer,
 )
 
-from tensorboard_plugin_adapt import metadata, plugin
+from keras_adapt.record import metadata
+from tensorboard_plugin_adapt import plugin
 
 LOADERS = ["python", "data_server"]
 

@@ -10,7 +10,7 @@ import keras
 import keras_adapt
 from keras_adapt import events
 from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
-from tensorboard_plugin_adapt import metadata, reader
+from keras_adapt.record import metadata, reader
 
 import tensorboard_loaders
 from conftest import horovodrun, load_rank_results

@@ -97,7 +97,7 @@ def _train(log_dir):
 
 def _write_hostile_run(log_dir):
     import tensorflow as tf
-    from tensorboard_plugin_adapt import metadata, summary
+    from keras_adapt.record import metadata, summary
 
     with tf.summary.create_file_writer(log_dir).as_default():
         for s in range(5):
@@ -183,7 +183,7 @@ def _jsonl(logdir):
 
 
 def _fields(event):
-    from tensorboard_plugin_adapt import metadata
+    from keras_adapt.record import metadata
 
     return {k: event[k] for k in metadata.EVENT_FIELDS}
 

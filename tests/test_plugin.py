@@ -1,6 +1,6 @@
 """The "adapt" TensorBoard plugin over real event files, served by TensorBoard's WSGI app.
 
-Event files are written with ``tensorboard_plugin_adapt.summary``, read back
+Event files are written with ``keras_adapt.record.summary``, read back
 through BOTH of TensorBoard's loaders -- its Python multiplexer
 (``--load_fast=false``) and its Rust data server over gRPC (the default,
 ``--load_fast=auto``), which keeps one datum per step -- and every route is
@@ -27,7 +27,8 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import scalars_plugin
 
-from tensorboard_plugin_adapt import metadata, plugin, reader, summary
+from keras_adapt.record import metadata, reader, summary
+from tensorboard_plugin_adapt import plugin
 
 import tensorboard_loaders
 

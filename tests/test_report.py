@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from keras_adapt import cli, report
-from tensorboard_plugin_adapt import metadata, summary
+from keras_adapt.record import metadata, summary
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import keras
 from keras_adapt import _hvd, events
-from tensorboard_plugin_adapt import metadata, summary
+from keras_adapt.record import metadata, summary
 
 #: Logs keys copied from the logs when present (DESIGN.md section 4).
 SERIES_KEYS = tuple(metadata.SCALAR_TAGS)
@@ -95,7 +95,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       runs, under ``adapt/events``: all events of one step in one datum,
       written again with all of them when more arrive for that step (e.g.
       from a callback that runs after this one), so TensorBoard keeps
-      every one (``tensorboard_plugin_adapt.summary.EventWriter``). At the
+      every one (``keras_adapt.record.summary.EventWriter``). At the
       start of each ``fit`` the records already in
       ``<log_dir>/adapt_events.jsonl`` (a resumed run, or events emitted
       before this callback started) are written again as well, so the tab

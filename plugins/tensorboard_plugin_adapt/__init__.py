@@ -1,6 +1,6 @@
 """TensorBoard plugin "adapt": noise scale, batch size and rescaling events.
 
-``metadata`` is the one schema module that the writers (``summary``,
-``keras_adapt.events``) and the reader (``plugin``) import. It has no
-TensorFlow dependency, so TensorBoard can load it without TensorFlow.
+The viewer only: the schema, the writers and the readers of the stored data
+live in the library (``keras_adapt.record``), which this plugin imports; the
+library never imports the plugin.
 """

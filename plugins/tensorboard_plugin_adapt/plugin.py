@@ -37,7 +37,7 @@ from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 
-from tensorboard_plugin_adapt import metadata, reader
+from keras_adapt.record import metadata, reader
 
 __all__ = ["AdaptLoader", "AdaptPlugin"]
 
@@ -85,7 +85,7 @@ class AdaptPlugin(base_plugin.TBPlugin):
     It reads only through ``context.data_provider``: the ``adapt/*``
     scalars (TensorBoard's scalars plugin data, so the Scalars tab shows
     them too) and the ``adapt`` event records written by
-    ``tensorboard_plugin_adapt.summary`` and
+    ``keras_adapt.record.summary`` and
     ``keras_adapt.callbacks.AdaptTensorBoard``.
 
     Example:

@@ -15,7 +15,7 @@ format newer than :data:`metadata.PROTO_VERSION` are skipped and counted.
 
 Example:
 
->>> from tensorboard_plugin_adapt import reader
+>>> from keras_adapt.record import reader
 >>> pts = [(s, 0.0, float(s % 7)) for s in range(5000)]
 >>> small = reader.downsample(pts, 200)
 >>> len(small) <= 200, small[0] == pts[0], small[-1] == pts[-1]
@@ -26,7 +26,7 @@ import json
 import logging
 import math
 
-from tensorboard_plugin_adapt import metadata
+from keras_adapt.record import metadata
 
 __all__ = ["annotate", "downsample", "list_runs", "read_events", "read_series"]
 
@@ -67,7 +67,7 @@ def downsample(points, max_points):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt.reader import downsample
+    >>> from keras_adapt.record.reader import downsample
     >>> downsample([(0, 0, 1.0), (1, 0, 5.0), (2, 0, 2.0)], 10)
     [(0, 0, 1.0), (1, 0, 5.0), (2, 0, 2.0)]
     >>> [p[0] for p in downsample([(s, 0, float(s == 50)) for s in range(101)], 4)]
@@ -146,7 +146,7 @@ def list_runs(provider, ctx, experiment_id):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import reader
+    >>> from keras_adapt.record import reader
     >>> reader.list_runs(None, None, "")
     []
     """
@@ -170,7 +170,7 @@ def read_series(provider, ctx, experiment_id, run, tags=None, max_points=None):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import reader
+    >>> from keras_adapt.record import reader
     >>> reader.read_series(None, None, "", "run")
     {}
     """
@@ -240,7 +240,7 @@ def read_events(provider, ctx, experiment_id, run):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import reader
+    >>> from keras_adapt.record import reader
     >>> reader.read_events(None, None, "", "run")
     ([], 0, 0)
     """
@@ -297,7 +297,7 @@ def annotate(event):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt.reader import annotate
+    >>> from keras_adapt.record.reader import annotate
     >>> annotate({"kind": "teleport"})["known"]
     False
     """

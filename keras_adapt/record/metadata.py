@@ -31,7 +31,7 @@ Version 0 (keras-adapt before this format) wrote the series under plugin
 
 Example:
 
->>> from tensorboard_plugin_adapt import metadata
+>>> from keras_adapt.record import metadata
 >>> e = metadata.make_event("batch_size", step=120, epoch=1, policy="GNSBatchSizePolicy",
 ...                         reason="gns 410 > 2 x 128", before={"batch_size": 128},
 ...                         after={"batch_size": 256}, wall_time=1.5)
@@ -90,7 +90,7 @@ def step_time_tag(rank):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> metadata.step_time_tag(3)
     'adapt/step_time/rank_3'
     """
@@ -142,7 +142,7 @@ def make_event(kind, step, epoch, policy, reason, before, after, rank=0, wall_ti
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> metadata.make_event("batch_size", 10, 0, "p", "r", {"batch_size": 32},
     ...                     {"batch_size": 64})["after"]
     {'batch_size': 64}
@@ -173,7 +173,7 @@ def event_to_json(event):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> e = metadata.make_event("lr", 1, 0, "p", "r", {}, {}, wall_time=2.0)
     >>> metadata.event_to_json(e)[:30]
     '{"step": 1, "epoch": 0, "wall_'
@@ -191,7 +191,7 @@ def parse_event_line(line):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> metadata.parse_event_line('{"step": 3, "kind": "teleport"}')["kind"]
     'teleport'
     >>> metadata.parse_event_line('{"step": 3, "ki') is None
@@ -230,7 +230,7 @@ def content_version(content):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> metadata.content_version(b"1"), metadata.content_version(b""), metadata.content_version(b"x")
     (1, 0, None)
     """
@@ -257,7 +257,7 @@ def latest_datums(datums):
     Example:
 
     >>> import collections
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> D = collections.namedtuple("D", "step name")
     >>> [d.name for d in metadata.latest_datums([D(5, "a"), D(9, "b"), D(5, "a+c"), D(7, "d")])]
     ['a+c', 'd']
@@ -280,7 +280,7 @@ def create_summary_metadata(data_class="scalar", description=""):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt import metadata
+    >>> from keras_adapt.record import metadata
     >>> md = metadata.create_summary_metadata("scalar")
     >>> md.plugin_data.plugin_name, md.data_class
     ('scalars', 1)

@@ -3,7 +3,7 @@
 Like TensorBoard's own ``summary_v2`` modules, every function writes to the
 default summary writer (``with writer.as_default(): ...``) and returns True
 when something was written (False when no default writer is set). The
-plugin metadata comes from :mod:`tensorboard_plugin_adapt.metadata`, so the
+plugin metadata comes from :mod:`keras_adapt.record.metadata`, so the
 reader in ``reader.py`` finds exactly what is written here.
 
 The series are ordinary TensorBoard scalars (they also appear in the
@@ -15,7 +15,7 @@ Example:
 
 >>> import os, tempfile
 >>> import tensorflow as tf
->>> from tensorboard_plugin_adapt import summary
+>>> from keras_adapt.record import summary
 >>> d = tempfile.mkdtemp()
 >>> with tf.summary.create_file_writer(d).as_default():
 ...     summary.scalar("gns", 412.5, step=10)
@@ -35,7 +35,7 @@ import threading
 
 import tensorflow as tf
 
-from tensorboard_plugin_adapt import metadata
+from keras_adapt.record import metadata
 
 __all__ = ["EventWriter", "events", "is_writable_number", "scalar", "step_time"]
 
@@ -82,7 +82,7 @@ def scalar(name, data, step=None, description=None):
     Example:
 
     >>> import tempfile, tensorflow as tf
-    >>> from tensorboard_plugin_adapt import summary
+    >>> from keras_adapt.record import summary
     >>> with tf.summary.create_file_writer(tempfile.mkdtemp()).as_default():
     ...     summary.scalar("batch_size", 256, step=3)
     True
@@ -102,7 +102,7 @@ def step_time(rank, seconds, step=None):
     Example:
 
     >>> import tempfile, tensorflow as tf
-    >>> from tensorboard_plugin_adapt import summary
+    >>> from keras_adapt.record import summary
     >>> with tf.summary.create_file_writer(tempfile.mkdtemp()).as_default():
     ...     summary.step_time(0, 0.05, step=7)
     True
@@ -135,7 +135,7 @@ def events(records, step=None):
     Example:
 
     >>> import tempfile, tensorflow as tf
-    >>> from tensorboard_plugin_adapt import metadata, summary
+    >>> from keras_adapt.record import metadata, summary
     >>> a = metadata.make_event("batch_size", 40, 1, "demo", "gns grew", {"batch_size": 32},
     ...                         {"batch_size": 64})
     >>> b = metadata.make_event("lr", 40, 1, "demo", "batch 32 -> 64", {"lr": 0.1}, {"lr": 0.2})
@@ -180,7 +180,7 @@ class EventWriter:
     Example:
 
     >>> import tempfile, tensorflow as tf
-    >>> from tensorboard_plugin_adapt import metadata, summary
+    >>> from keras_adapt.record import metadata, summary
     >>> w = summary.EventWriter()
     >>> w.add(metadata.make_event("batch_size", 8, 0, "p", "r", {}, {}))
     True
@@ -234,7 +234,7 @@ def is_writable_number(value):
 
     Example:
 
-    >>> from tensorboard_plugin_adapt.summary import is_writable_number
+    >>> from keras_adapt.record.summary import is_writable_number
     >>> is_writable_number(3), is_writable_number(float("inf")), is_writable_number(None)
     (True, False, False)
     """
