@@ -261,7 +261,7 @@ class _DistributedCore:
     """
 
     _ka_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
-                    "skip_nonfinite": False, "stats_interval": DEFAULT_STATS_INTERVAL,
+                    "skip_nonfinite": True, "stats_interval": DEFAULT_STATS_INTERVAL,
                     "sparse_as_dense": False,
                     "backward_passes_per_step": 1, "average_aggregated_gradients": False,
                     "op": None, "compression": None, "gradient_predivide_factor": 1.0,
@@ -799,7 +799,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     gradient_stats=True,
     ema_decay=0.99,
     batch_size=None,
-    skip_nonfinite=False,
+    skip_nonfinite=True,
     stats_interval=DEFAULT_STATS_INTERVAL,
     *,
     sparse_as_dense=False,
@@ -834,11 +834,10 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
             ``GradientStatsMonitor`` records it from the data every step.
         skip_nonfinite: skip the update (on all ranks alike) when the averaged
             gradient contains NaN or Inf, and count it in ``skipped_steps``.
-            Off by default, as in Horovod and Keras: the check reads the whole
-            local gradient on every update, one pass over memory that costs
-            about as much as a measurement (a few % of a small model's step;
-            see docs/gradient_statistics.md). Measurements are checked
-            either way: a non-finite one never enters the statistics.
+            Checked on every update (one fused pass over the local gradient);
+            ``False`` applies such an update, as Horovod does. Measurements
+            are checked either way: a non-finite one never enters the
+            statistics.
         stats_interval: measure the statistics on one update in this many
             (updates 0, N, 2N, ...), inside the graph; the other updates pay
             only for a few scalar ops and one small tensor in the allreduce.

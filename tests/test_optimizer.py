@@ -249,7 +249,7 @@ def test_bad_stats_interval_names_the_argument(bad):
         keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), stats_interval=bad)
 
 
-def _train(gradient_stats, epochs=2, nan_batch=None, stats_interval=1, skip_nonfinite=True):
+def _train(gradient_stats, epochs=2, nan_batch=None, stats_interval=1, skip_nonfinite=None):
     x, y = _data()
     if nan_batch is not None:
         x[nan_batch * 32 + 1, 0] = np.nan
@@ -290,11 +290,11 @@ def test_nan_gradient_is_skipped_counted_and_training_continues():
 
 
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
-def test_by_default_a_nan_gradient_is_applied_as_in_horovod_but_not_measured():
-    # skip_nonfinite is off by default: the update goes through (the weights
-    # turn NaN, as with hvd.DistributedOptimizer), the measurement of that
-    # update is refused and counted, and nothing is counted as skipped.
-    model, opt, _ = _train(True, epochs=1, nan_batch=3, skip_nonfinite=None)
+def test_without_skip_nonfinite_a_nan_gradient_is_applied_as_in_horovod_but_not_measured():
+    # skip_nonfinite=False: the update goes through (the weights turn NaN, as
+    # with hvd.DistributedOptimizer), the measurement of that update is
+    # refused and counted, and nothing is counted as skipped.
+    model, opt, _ = _train(True, epochs=1, nan_batch=3, skip_nonfinite=False)
     assert type(opt)._ka_settings["skip_nonfinite"] is False
     assert int(opt.skipped_steps.numpy()) == 0
     assert int(opt.iterations.numpy()) == 256 // 32
