@@ -295,7 +295,7 @@ def test_without_skip_nonfinite_a_nan_gradient_is_applied_as_in_horovod_but_not_
     # with hvd.DistributedOptimizer), the measurement of that update is
     # refused and counted, and nothing is counted as skipped.
     model, opt, _ = _train(True, epochs=1, nan_batch=3, skip_nonfinite=False)
-    assert type(opt)._ka_settings["skip_nonfinite"] is False
+    assert opt.adapt_state.skip_nonfinite is False
     assert int(opt.skipped_steps.numpy()) == 0
     assert int(opt.iterations.numpy()) == 256 // 32
     assert opt.gradient_statistics.result()["nonfinite"] >= 1
