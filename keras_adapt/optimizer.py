@@ -845,8 +845,9 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
             retracing. The moving averages (``ema_decay``) and the policies'
             ``warmup_updates`` count optimizer updates, so N changes the cost
             and the number of measurements behind the estimates, not when
-            policies decide. The default, 10, keeps monitoring within about
-            2% of plain Horovod averaging (``benchmarks/monitor_overhead.py``).
+            policies decide. The default, 10, takes about half of the cost
+            of measuring every update on a small model; measured costs are
+            in docs/gradient_statistics.md (``benchmarks/monitor_overhead.py``).
 
     Horovod's arguments, with Horovod's defaults and meaning (see
     docs/horovod.md):

@@ -236,8 +236,8 @@ class GradientStatistics(tf.Module):
         B of ``grad_snr`` is the moving average of the measured updates'
         global batches, with the same decay and bias correction as the
         statistics: the batch the statistics describe. An epoch's smaller
-        last batch then moves it by ``1 - ema_decay`` of the difference, not
-        to its own size.
+        last batch, when measured, then moves it by ``1 - ema_decay **
+        interval`` of the difference, not to its own size.
 
         Before the first update the estimates are NaN. A non-positive
         EMA(|G|^2) means the signal is not yet resolved from the noise: the
