@@ -11,8 +11,9 @@ A small Keras MLP (784-256-256-10) trains with
 micro-batch b x accumulation k (``backward_passes_per_step``) in each job,
 one job per worker count N (1 and 2; each worker pinned to its own core).
 Within a job every configuration has its own compiled model, warmed up
-first; then the configurations are timed in rounds of alternating order, a
-few updates per visit, so slow drifts of the machine touch them all alike.
+first; then the configurations are timed in rounds of rotating order, a
+few dozen updates per visit, so slow drifts of the machine touch them all
+alike.
 An update's time runs from the end of one update's last micro-step to the
 end of the next's (k micro-steps and the collective).
 
@@ -38,7 +39,6 @@ Prints a table and one JSON line
 ``{"bench": "perf_model", "mape": ..., "target": 3.4, "met": ..., ...}``.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -63,9 +63,8 @@ def launch(args):
         with open(args.load) as f:
             jobs = json.load(f)
     else:
-        batches = BATCHES[:4] if args.quick else BATCHES
         worker_args = ["--rounds", args.rounds, "--updates", args.updates,
-                       "--batches", ",".join(map(str, batches))]
+                       "--batches", args.batches]
         jobs = {str(n): run_on_workers(__file__, worker_args, f"perf_model_np{n}_", np=n)
                 for n in WORKERS}
     if args.save:
@@ -248,8 +247,9 @@ def worker(args):
     visits = []
     order = list(setups.items())
     for r in range(args.rounds):
-        # alternate the order so no configuration always runs first or last
-        for (b, k), (model, x, y) in (order if r % 2 == 0 else order[::-1]):
+        # rotate the order so no configuration always runs first or last (and
+        # no two visits of one configuration follow each other)
+        for (b, k), (model, x, y) in order[r % len(order):] + order[:r % len(order)]:
             timer = UpdateTimer(k)
             model.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
             visits.append({"round": r, "batch": b, "accumulation": k,
@@ -269,11 +269,11 @@ def main():
     parser = worker_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--updates", type=int, default=30, help="timed updates per visit")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: batches 16..128, fit on 16 and 64 (not a measurement)")
     parser.add_argument("--save", help="also write the measured times (JSON) here")
     parser.add_argument("--load", help="report on times written by --save; measure nothing")
-    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help=argparse.SUPPRESS)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="per-worker micro-batches, comma-separated; split 'batch' fits on "
+                             "every other one")
     args = parser.parse_args()
     worker(args) if args.worker else launch(args)
 
