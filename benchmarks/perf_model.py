@@ -168,6 +168,7 @@ def report(jobs):
             if name == "batch" and statistic == "mean":
                 line["met"] = line["mape"] <= TARGET_MAPE
                 line["heldout"] = len(measured)
+                line["model"] = fit.model
                 # each round's own means as the truth: the spread noise alone causes
                 per_round = [_mape({c: predicted[c].value for c in measured},
                                    {c: r[c] for c in measured})
@@ -177,6 +178,8 @@ def report(jobs):
                   f"{len(measured)} configurations (largest error {max(errors):.2f}%"
                   f"{'' if line[f'{prefix}determined'] else '; not all determined'}); {fit.reason}")
     line["loco_mape"] = round(all_fit.mape, 3)
+    line["loco_model"] = all_fit.model
+    line["loco_model_mapes"] = {n: round(v, 3) for n, v in all_fit.model_mapes.items()}
     line["constant_mape"] = round(all_fit.constant_mape, 3)
     line["usable"] = all_fit.usable
     line["configs"] = all_fit.num_configurations
@@ -187,7 +190,8 @@ def report(jobs):
         line["stderr_us"] = {t: round(all_fit.stderr[t] * 1e6, 3) for t in all_fit.identified}
         print("fit on all configurations (us): " + ", ".join(
             f"{t} {line['params_us'][t]:.2f}+-{line['stderr_us'][t]:.2f}" for t in all_fit.identified)
-            + f"; {all_fit.reason}")
+            + f"; model {all_fit.model} (held-out MAPE of each: {line['loco_model_mapes']}); "
+            f"{all_fit.reason}")
     line["rounds"] = first["rounds"]
     line["load"] = {n: jobs[n]["load"] for n in sorted(jobs)}
     print(json.dumps(line))

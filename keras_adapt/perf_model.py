@@ -31,13 +31,16 @@ This is DESIGN.md's ``T_grad(b) = alpha_c + beta_c*b`` per micro-step and
 ``T_sync(N)``, zero at N = 1, with the synchronisation split as a ring
 allreduce costs it (Thakur et al. 2005; Horovod reduces over a ring), a
 per-update constant, so accumulation is priced right (``k`` micro-steps pay
-the compute, the update pays the rest once), and the interference terms,
-without which the benchmark's held-out error at two workers on one host
-was about twice as large (``benchmarks/perf_model.py``). The terms add:
-keras-adapt's optimizer reduces once after the backward pass, so
-computation and communication do not overlap (Pollux's
-``(T_grad^g + T_sync^g)^(1/g)`` is for frameworks that overlap them). The
-gradient size S is fixed for a model, so it lives inside ``sync_bandwidth``.
+the compute, the update pays the rest once), and the interference terms.
+Those helped on some measurements and not on others (in
+``benchmarks/perf_model.py`` at two workers on one busy host they halved
+the held-out error on two runs and raised it on a third), so the fit tries
+both candidate models (:data:`MODELS`: without and with them) and keeps the
+one with the lower held-out error. The terms add: keras-adapt's optimizer
+reduces once after the backward pass, so computation and communication do
+not overlap (Pollux's ``(T_grad^g + T_sync^g)^(1/g)`` is for frameworks that
+overlap them). The gradient size S is fixed for a model, so it lives inside
+``sync_bandwidth``.
 
 The model is linear in its terms and is fitted by least squares on
 *relative* errors (each configuration's row divided by its measured time),
@@ -72,7 +75,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["Prediction", "ThroughputFit", "ThroughputModel", "TERMS", "design_row"]
+__all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MODELS", "Prediction", "TERMS", "ThroughputFit", "ThroughputModel",
+           "design_row"]
 
 #: The terms of the model, in the order in which they take the cost of
 #: terms that the observations cannot separate from them.
@@ -80,6 +84,9 @@ TERMS = ("per_sample", "per_micro_step", "per_update", "sync_bandwidth", "sync_l
          "interference_per_micro_step", "interference_per_sample")
 #: The terms that are zero at N = 1.
 _MULTI_WORKER = TERMS[3:]
+#: The candidate models: their terms. The fit keeps the one with the lower
+#: held-out error (the simpler one on a tie).
+MODELS = {"base": TERMS[:5], "interference": TERMS}
 #: Held-out configurations needed before a held-out MAPE means anything.
 MIN_HELDOUT = 3
 #: A usable fit's held-out MAPE is at most this fraction of the constant
@@ -158,7 +165,13 @@ class ThroughputFit:
             configurations to fit.
         stderr: standard error of each identified parameter (None for the
             others), from the residuals between configurations.
-        identified: the terms the configurations determine.
+        identified: the terms of the chosen model that the configurations
+            determine.
+        model: the candidate model chosen: ``"base"`` (no interference
+            terms) or ``"interference"`` (all of :data:`TERMS`), the one
+            with the lower held-out MAPE (see :data:`MODELS`).
+        model_mapes: held-out MAPE of each candidate that could be fitted,
+            over the configurations both predicted (the comparison made).
         num_observations: observations used (after warm-up discards,
             within each configuration's window).
         num_configurations: distinct configurations used.
@@ -189,6 +202,8 @@ class ThroughputFit:
     params: dict
     stderr: dict
     identified: tuple
+    model: str
+    model_mapes: dict
     num_observations: int
     num_configurations: int
     mape: float
@@ -198,6 +213,7 @@ class ThroughputFit:
     _covariance: np.ndarray = dataclasses.field(repr=False, compare=False)
     _row_space: np.ndarray = dataclasses.field(repr=False, compare=False)
     _scale: np.ndarray = dataclasses.field(repr=False, compare=False)
+    _mask: np.ndarray = dataclasses.field(repr=False, compare=False)
 
     def predict_step_time(self, batch_size, workers=1, accumulation=1):
         """Predicted seconds of one update at ``(b, N, k)``, as a :class:`Prediction`.
@@ -231,7 +247,8 @@ class ThroughputFit:
         theta = np.array([self.params[t] for t in self.identified])
         value = float(x[idx] @ theta)
         std = float(math.sqrt(max(x[idx] @ self._covariance @ x[idx], 0.0)))
-        return Prediction(value, std, _in_row_space(x / self._scale, self._row_space))
+        return Prediction(value, std,
+                          _in_row_space(x / self._scale * self._mask, self._row_space))
 
     def predict_throughput(self, batch_size, workers=1, accumulation=1):
         """Predicted global samples per second ``N*k*b / T_step``, as a :class:`Prediction`.
@@ -289,6 +306,34 @@ def _solve(rows, times):
     a = rows[:, kept] / times[:, None]
     theta, *_ = np.linalg.lstsq(a, np.ones(len(times)), rcond=None)
     return kept, theta, a
+
+
+def _fit_candidate(scaled, times):
+    """One candidate model (its columns not in the model are zero): the fit
+    and its leave-one-configuration-out errors.
+
+    ``errors`` and ``const_errors`` map each configuration the others
+    determine to the relative error of the model and of the constant model;
+    ``errors`` is None when there are fewer than p + 2 configurations."""
+    c = len(times)
+    kept = _identifiable(scaled)
+    out = dict(kept=kept, errors=None)
+    if c < len(kept) + 2:
+        return out
+    kept, theta, a = _solve(scaled, times)
+    residual = 1.0 - a @ theta
+    sigma2 = float(residual @ residual) / (c - len(kept))
+    errors, const_errors = {}, {}
+    for i in range(c):
+        others = np.arange(c) != i
+        if not _in_row_space(scaled[i], _row_space(scaled[others])):
+            continue
+        k_i, th_i, _ = _solve(scaled[others], times[others])
+        errors[i] = abs(float(scaled[i, k_i] @ th_i) - times[i]) / times[i]
+        const_errors[i] = abs(float(np.mean(times[others])) - times[i]) / times[i]
+    out.update(theta=theta, cov=sigma2 * np.linalg.inv(a.T @ a), residual=residual,
+               row_space=_row_space(scaled), errors=errors, const_errors=const_errors)
+    return out
 
 
 class ThroughputModel:
@@ -504,10 +549,11 @@ class ThroughputModel:
         c = len(configs)
 
         def unusable(reason, **fields):
-            base = dict(params=None, stderr=None, identified=(), num_observations=count,
-                        num_configurations=c, mape=math.nan, constant_mape=math.nan,
-                        train_mape=math.nan, heldout=0, _covariance=np.zeros((0, 0)),
-                        _row_space=np.zeros((0, len(TERMS))), _scale=np.ones(len(TERMS)))
+            base = dict(params=None, stderr=None, identified=(), model=None, model_mapes={},
+                        num_observations=count, num_configurations=c, mape=math.nan,
+                        constant_mape=math.nan, train_mape=math.nan, heldout=0,
+                        _covariance=np.zeros((0, 0)), _row_space=np.zeros((0, len(TERMS))),
+                        _scale=np.ones(len(TERMS)), _mask=np.ones(len(TERMS)))
             base.update(fields)
             return ThroughputFit(usable=False, reason=reason, **base)
 
@@ -519,44 +565,51 @@ class ThroughputModel:
         scale = np.max(np.abs(rows), axis=0)
         scale[scale == 0.0] = 1.0
         scaled = rows / scale
-        kept = _identifiable(scaled)
-        p = len(kept)
-        if c < p + 2:
+        fitted = {}
+        for name, terms in MODELS.items():
+            mask = np.array([t in terms for t in TERMS], dtype=np.float64)
+            fitted[name] = _fit_candidate(scaled * mask, times)
+            fitted[name]["mask"] = mask
+        base, full = fitted["base"], fitted["interference"]
+        if full["kept"] == base["kept"]:
+            del fitted["interference"]  # no interference term is identified: the same model
+        feasible = {n: f for n, f in fitted.items()
+                    if f["errors"] is not None and len(f["errors"]) >= MIN_HELDOUT}
+        # Compare on the configurations both predicted; the simpler model wins ties.
+        common = set.intersection(*(set(f["errors"]) for f in feasible.values())) \
+            if feasible else set()
+        model_mapes = {n: float(np.mean([f["errors"][i] for i in sorted(common)])) * 100.0
+                       if common else math.nan for n, f in feasible.items()}
+        if len(feasible) == 2 and common and model_mapes["interference"] < model_mapes["base"]:
+            name = "interference"
+        elif "base" in feasible:
+            name = "base"
+        else:
+            name = next(iter(feasible), "base")
+        chosen = fitted[name]
+        p = len(chosen["kept"])
+        if chosen["errors"] is None:
             return unusable(f"{c} configuration(s) observed; {p + 2} are needed for the "
                             f"{p} term(s) they identify (p to fit, one residual, one to leave out)")
 
-        kept, theta_s, a = _solve(scaled, times)
-        residual = 1.0 - a @ theta_s
-        dof = c - p
-        sigma2 = float(residual @ residual) / dof
-        cov_s = sigma2 * np.linalg.inv(a.T @ a)
-        theta = theta_s / scale[kept]
-        cov = cov_s / np.outer(scale[kept], scale[kept])
+        kept = chosen["kept"]
+        theta = chosen["theta"] / scale[kept]
+        cov = chosen["cov"] / np.outer(scale[kept], scale[kept])
         params = {t: 0.0 for t in TERMS}
         stderr = {t: None for t in TERMS}
         for i, j in enumerate(kept):
             params[TERMS[j]] = float(theta[i])
             stderr[TERMS[j]] = float(math.sqrt(max(cov[i, i], 0.0)))
-        identified = tuple(TERMS[j] for j in kept)
-        train_mape = float(np.mean(np.abs(residual))) * 100.0
-
-        # Leave one configuration out: predict it from the others, where they
-        # determine it; the constant model predicts the others' mean time.
-        errors, const_errors = [], []
-        for i in range(c):
-            others = np.arange(c) != i
-            if not _in_row_space(scaled[i], _row_space(scaled[others])):
-                continue
-            k_i, th_i, _ = _solve(scaled[others], times[others])
-            predicted = float(scaled[i, k_i] @ th_i)
-            errors.append(abs(predicted - times[i]) / times[i])
-            const_errors.append(abs(float(np.mean(times[others])) - times[i]) / times[i])
-        fields = dict(params=params, stderr=stderr, identified=identified,
+        errors = [chosen["errors"][i] for i in sorted(chosen["errors"])]
+        const_errors = [chosen["const_errors"][i] for i in sorted(chosen["errors"])]
+        fields = dict(params=params, stderr=stderr, identified=tuple(TERMS[j] for j in kept),
+                      model=name, model_mapes=model_mapes,
                       num_observations=count, num_configurations=c,
                       mape=float(np.mean(errors)) * 100.0 if errors else math.nan,
                       constant_mape=float(np.mean(const_errors)) * 100.0 if errors else math.nan,
-                      train_mape=train_mape, heldout=len(errors), _covariance=cov,
-                      _row_space=_row_space(scaled), _scale=scale)
+                      train_mape=float(np.mean(np.abs(chosen["residual"]))) * 100.0,
+                      heldout=len(errors), _covariance=cov, _row_space=chosen["row_space"],
+                      _scale=scale, _mask=chosen["mask"])
         if len(errors) < MIN_HELDOUT:
             return unusable(f"only {len(errors)} of {c} configurations are determined by the "
                             f"others; observe more (at least {MIN_HELDOUT} are needed for a "

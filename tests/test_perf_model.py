@@ -73,11 +73,12 @@ def test_standard_errors_cover_the_true_parameters():
     assert abs(p.value - true_time(100, 3, 3)) < 4 * p.std
 
 
-def _loco_by_hand(configs, times):
-    """Leave-one-configuration-out MAPE (percent) of the full model and of the
-    constant model, computed directly: every term is identified in these grids."""
+def _loco_by_hand(configs, times, columns=7):
+    """Leave-one-configuration-out MAPE (percent) of the model made of the
+    first ``columns`` terms and of the constant model, computed directly:
+    every term is identified in these grids."""
     x = np.array([[k * b, k, 1.0, (n - 1) / n, n - 1.0, k * (n - 1) / n, k * b * (n - 1) / n]
-                  for b, n, k in configs])
+                  for b, n, k in configs])[:, :columns]
     model_err, const_err = [], []
     for i in range(len(configs)):
         keep = np.arange(len(configs)) != i
@@ -88,21 +89,35 @@ def _loco_by_hand(configs, times):
     return 100 * np.mean(model_err), 100 * np.mean(const_err)
 
 
-def test_heldout_mape_matches_an_independent_computation():
+@pytest.mark.parametrize("interference", [True, False])
+def test_heldout_mape_matches_an_independent_computation(interference):
     # the truth has a term the model lacks (cache effects at large batches),
     # so the held-out errors are real and different per configuration
     configs = list(itertools.product(BATCHES, (1, 2, 3), (1, 2)))
     rng = np.random.default_rng(3)
     model = ThroughputModel(warmup=0, min_observations=5)
-    feed(model, configs, lambda b, n, k: true_time(b, n, k) + 2e-8 * k * b * b, 0.02, 5, rng)
+
+    def truth(b, n, k):
+        extra = 0.0 if interference else k * (n - 1) / n * (
+            TRUE["interference_per_micro_step"] + TRUE["interference_per_sample"] * b)
+        return true_time(b, n, k) - extra + 2e-8 * k * b * b
+
+    feed(model, configs, truth, 0.02, 5, rng)
     fit = model.fit()
     kept = model.configurations()
     times = np.array([np.mean(kept[c]) for c in configs])
-    model_mape, const_mape = _loco_by_hand(configs, times)
+    full_mape, const_mape = _loco_by_hand(configs, times)
+    base_mape, _ = _loco_by_hand(configs, times, columns=5)
+    assert fit.model_mapes == pytest.approx({"base": base_mape, "interference": full_mape},
+                                            rel=1e-9)
+    # the candidate with the lower held-out error is kept
+    assert fit.model == ("interference" if interference else "base")
+    assert (full_mape < base_mape) == interference
     assert fit.heldout == len(configs)
-    assert fit.mape == pytest.approx(model_mape, rel=1e-9)
+    assert fit.mape == pytest.approx(min(full_mape, base_mape), rel=1e-9)
     assert fit.constant_mape == pytest.approx(const_mape, rel=1e-9)
     assert 0.2 < fit.mape < 10  # a real, nonzero error
+    assert fit.identified == (TERMS if interference else TERMS[:5])
     # in-sample MAPE: this fit's own relative residuals
     predicted = np.array([fit.predict_step_time(*c).value for c in configs])
     assert fit.train_mape == pytest.approx(100 * np.mean(np.abs(predicted - times) / times), rel=1e-9)
