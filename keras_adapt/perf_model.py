@@ -75,8 +75,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MODELS", "Prediction", "TERMS", "ThroughputFit", "ThroughputModel",
-           "design_row"]
+__all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MODELS", "Prediction", "TERMS", "ThroughputFit",
+           "ThroughputModel", "design_row"]
 
 #: The terms of the model, in the order in which they take the cost of
 #: terms that the observations cannot separate from them.
@@ -161,8 +161,8 @@ class ThroughputFit:
             held-out MAPE is at most half that of the constant model.
         reason: why it is (or is not) usable, in one sentence.
         params: seconds per unit of each term of :data:`TERMS` (0.0 for a
-            term that is not identified); None when there were too few
-            configurations to fit.
+            term that is not identified or not in the chosen model); None
+            when there were too few configurations to fit.
         stderr: standard error of each identified parameter (None for the
             others), from the residuals between configurations.
         identified: the terms of the chosen model that the configurations
@@ -221,7 +221,8 @@ class ThroughputFit:
         Raises ``RuntimeError`` when the fit is not usable (the reason is in
         the message) and ``ValueError`` for a multi-worker configuration
         when no multi-worker configuration was observed (its
-        synchronisation cost is unknown).
+        synchronisation cost is unknown) or when the prediction is not a
+        positive time (an extrapolation too far from the observations).
 
         Example:
 
@@ -246,6 +247,11 @@ class ThroughputFit:
         idx = [TERMS.index(t) for t in self.identified]
         theta = np.array([self.params[t] for t in self.identified])
         value = float(x[idx] @ theta)
+        if value <= 0.0:
+            raise ValueError(
+                f"batch_size={b}, workers={n}, accumulation={k}: the fit predicts a step time of "
+                f"{value:.3g} s, so this configuration is too far from the observed ones to "
+                "extrapolate to; observe configurations nearer to it")
         std = float(math.sqrt(max(x[idx] @ self._covariance @ x[idx], 0.0)))
         return Prediction(value, std,
                           _in_row_space(x / self._scale * self._mask, self._row_space))
@@ -359,22 +365,23 @@ class ThroughputModel:
     (leave-one-out) and is cached until the next observation, so calling it
     every interval is cheap.
 
-    How many configurations: with p identified terms the fit needs
-    ``p + 2`` distinct configurations: p to determine the parameters, one
-    more for a residual (standard errors), and one more so that each
-    configuration left out still leaves a determined fit. p is 2 when only
-    the micro-batch varies (4 configurations), 3 when accumulation varies
-    too (5), 4 for micro-batches at one and two workers (6), 6 for
-    micro-batch x accumulation x one and two workers (8), 7 with three or
-    more worker counts (9). The held-out MAPE also needs at least 3
-    configurations that the others determine (the rest are left out of
-    it). Before that, and when the fit's held-out MAPE is not at most half
-    the constant model's (which predicts the mean step time of the other
-    configurations; noise alone rarely halves it, see
-    :data:`MAX_ERROR_RATIO`), the fit is not usable: ``fit().usable`` is False, ``fit().reason`` says why and
-    ``predict_*`` raise ``RuntimeError``. The fit is a deterministic
-    function of the observations: ranks fed the same times (gathered
-    first) agree exactly.
+    How many configurations: with p identified terms a candidate model needs
+    ``p + 2`` distinct configurations: p to determine the parameters, one more
+    for a residual (standard errors), and one more so that each configuration
+    left out still leaves a determined fit. For the base model p is 2 when
+    only the micro-batch varies (4 configurations), 3 when accumulation or the
+    worker count (1 and 2) varies too (5), 4 for micro-batch x accumulation x
+    one and two workers (6), 5 with three or more worker counts (7); the
+    interference model needs one (b x N) or two more (b x k x N)
+    configurations, and is only tried when it has them. The held-out MAPE also
+    needs at least 3 configurations that the others determine (the rest are
+    left out of it). Before that, and when the fit's held-out MAPE is not at
+    most half the constant model's (which predicts the mean step time of the
+    other configurations; noise alone rarely halves it, see
+    :data:`MAX_ERROR_RATIO`), the fit is not usable: ``fit().usable`` is
+    False, ``fit().reason`` says why and ``predict_*`` raise ``RuntimeError``.
+    The fit is a deterministic function of the observations: ranks fed the
+    same times (gathered first) agree exactly.
 
     Args:
         warmup: observations discarded at the start of each visit to a

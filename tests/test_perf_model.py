@@ -192,6 +192,16 @@ def test_says_when_the_observations_do_not_determine_a_prediction():
         single.predict_step_time(32, workers=2)
 
 
+def test_refuses_to_extrapolate_to_a_non_positive_time():
+    model = ThroughputModel(warmup=0, min_observations=1)
+    for b in (32, 64, 128, 256):  # a negative intercept: fine here, not at b = 8
+        model.observe(b, -0.001 + 1e-4 * b)
+    assert model.predict_step_time(16).value == pytest.approx(0.0006)
+    with pytest.raises(ValueError, match=r"batch_size=8, workers=1, accumulation=1: the fit "
+                                         r"predicts a step time of -0.0002 s"):
+        model.predict_throughput(8)
+
+
 def test_needs_p_plus_two_configurations():
     model = ThroughputModel(warmup=0)
     for b in (16, 32, 64):  # p = 2 (per sample, per micro-step): 4 are needed
