@@ -13,13 +13,12 @@ one job per worker count N (1 and 2; each worker pinned to its own core).
 Within a job every configuration has its own compiled model, warmed up
 first; then the configurations are timed in rounds of rotating order, a
 few dozen updates per visit, so slow drifts of the machine touch them all
-alike.
-An update's time runs from the end of one update's last micro-step to the
+alike. An update's time runs from the end of one update's last micro-step to the
 end of the next's (k micro-steps and the collective).
 
 The times feed :class:`keras_adapt.perf_model.ThroughputModel` as a job would
-(one observation per update; the first update of each visit is the model's
-warm-up discard). Two splits, each a fit on some configurations and a
+(one observation per update; the first 3 updates of each visit are the
+model's warm-up discard). Two splits, each a fit on some configurations and a
 prediction of the others, which the fit never saw:
 
 * ``batch`` (the headline ``mape``): fit on b in {16, 64, 256}, predict
@@ -27,13 +26,17 @@ prediction of the others, which the fit never saw:
 * ``combo``: fit on every configuration except those with N = 2 and k = 2,
   predict those (is the synchronisation priced apart from accumulation?).
 
-The truth for a held-out configuration is its measured mean update time.
+The truth for a held-out configuration is its measured mean update time
+(the median, for the ``median_*`` keys, where the fits use medians too).
 MAPE = mean over the held-out configurations of |predicted - measured| /
 measured, in percent (CM-DARE's 3.4% is the target). ``round_mape`` gives
 the smallest and largest MAPE when each round's own means are the truth
 (the spread that measurement noise alone causes); ``loco_mape`` and
 ``constant_mape`` are the model's own leave-one-configuration-out errors on
-all configurations, for it and for the constant model.
+all configurations, for it and for the constant model; ``model`` and
+``loco_model`` name the candidate model each fit kept (with or without the
+interference terms). About 3 minutes with the defaults; ``--save FILE``
+keeps the measured times and ``--load FILE`` reports on them again.
 
 Prints a table and one JSON line
 ``{"bench": "perf_model", "mape": ..., "target": 3.4, "met": ..., ...}``.
@@ -87,7 +90,7 @@ def _model_fed(jobs, keep, statistic="mean"):
 
 
 def _round_means(jobs):
-    """{round: {(b, N, k): mean update seconds}}, warm-up update dropped."""
+    """{round: {(b, N, k): mean update seconds}}, the first WARMUP of each visit dropped."""
     out = {}
     for n, job in jobs.items():
         for visit in job["visits"]:
