@@ -380,8 +380,8 @@ class ThroughputModel:
     other configurations; noise alone rarely halves it, see
     :data:`MAX_ERROR_RATIO`), the fit is not usable: ``fit().usable`` is
     False, ``fit().reason`` says why and ``predict_*`` raise ``RuntimeError``.
-    The fit is a deterministic function of the observations: ranks fed the
-    same times (gathered first) agree exactly.
+    The fit is deterministic: fed the same times in the same order (gathered
+    first), ranks on the same numpy and BLAS get the same fit.
 
     Args:
         warmup: observations discarded at the start of each visit to a
