@@ -33,8 +33,9 @@ allreduce costs it (Thakur et al. 2005; Horovod reduces over a ring), a
 per-update constant, so accumulation is priced right (``k`` micro-steps pay
 the compute, the update pays the rest once), and the interference terms.
 Those helped on some measurements and not on others (in
-``benchmarks/perf_model.py`` at two workers on one busy host they halved
-the held-out error on two runs and raised it on a third), so the fit tries
+``benchmarks/perf_model.py``, at two workers on one busy host, they cut the
+held-out error by 25% and 39% on two runs and raised it by 15% on a third),
+so the fit tries
 both candidate models (:data:`MODELS`: without and with them) and keeps the
 one with the lower held-out error. The terms add: keras-adapt's optimizer
 reduces once after the backward pass, so computation and communication do
