@@ -35,13 +35,12 @@ the compute, the update pays the rest once), and the interference terms.
 Those helped on some measurements and not on others (in
 ``benchmarks/perf_model.py``, at two workers on one busy host, they cut the
 held-out error by 25% and 39% on two runs and raised it by 15% on a third),
-so the fit tries
-both candidate models (:data:`MODELS`: without and with them) and keeps the
-one with the lower held-out error. The terms add: keras-adapt's optimizer
-reduces once after the backward pass, so computation and communication do
-not overlap (Pollux's ``(T_grad^g + T_sync^g)^(1/g)`` is for frameworks that
-overlap them). The gradient size S is fixed for a model, so it lives inside
-``sync_bandwidth``.
+so the fit tries both candidate models (:data:`MODELS`: without and with
+them) and keeps the one with the lower held-out error. The terms add:
+keras-adapt's optimizer reduces once after the backward pass, so computation
+and communication do not overlap (Pollux's ``(T_grad^g + T_sync^g)^(1/g)``
+is for frameworks that overlap them). The gradient size S is fixed for a
+model, so it lives inside ``sync_bandwidth``.
 
 The model is linear in its terms and is fitted by least squares on
 *relative* errors (each configuration's row divided by its measured time),
