@@ -1,0 +1,631 @@
+"""ThroughputModel: the time of one optimizer update as a function of the configuration.
+
+A configuration is ``(b, N, k)``: per-worker micro-batch ``b``, worker count
+``N`` and accumulation steps ``k`` (micro-steps per update). One update
+computes ``k`` micro-batch gradients, then averages them over the workers in
+one collective and applies them. Its time is modelled as
+
+    T_step = k*(alpha_c + beta_c*b) + alpha_u                     (compute, update)
+           + beta_n*(N-1)/N + alpha_n*(N-1)                        (allreduce)
+           + k*(gamma_c + delta_c*b)*(N-1)/N                        (interference)
+
+with seven terms, each a cost in seconds per unit of its multiplier
+(:func:`design_row`):
+
+* ``per_sample`` (beta_c): compute per sample (forward and backward);
+* ``per_micro_step`` (alpha_c): fixed cost of one micro-step (dispatch,
+  callbacks, data);
+* ``per_update`` (alpha_u): fixed cost of one update (applying it, and the
+  collective's own bookkeeping, which exists at N = 1 too);
+* ``sync_bandwidth`` (beta_n): the bandwidth part of a ring allreduce,
+  ``2*(N-1)/N * S/BW`` for S gradient bytes, per unit of (N-1)/N;
+* ``sync_latency`` (alpha_n): the latency part, ``2*(N-1)`` hops;
+* ``interference_per_micro_step`` (gamma_c) and ``interference_per_sample``
+  (delta_c): how much slower the compute runs because other workers run
+  too: workers sharing a host compete for its cores, caches and memory
+  bandwidth, and at the collective every worker waits for the slowest,
+  a wait that grows with the work done since the last synchronisation.
+  Both vanish at N = 1 and saturate like (N-1)/N.
+
+This is DESIGN.md's ``T_grad(b) = alpha_c + beta_c*b`` per micro-step and
+``T_sync(N)``, zero at N = 1, with the synchronisation split as a ring
+allreduce costs it (Thakur et al. 2005; Horovod reduces over a ring), a
+per-update constant, so accumulation is priced right (``k`` micro-steps pay
+the compute, the update pays the rest once), and the interference terms.
+Those helped on some measurements and not on others (in
+``benchmarks/perf_model.py``, at two workers on one busy host, they cut the
+held-out error by 25% and 39% on two runs and raised it by 15% on a third),
+so the fit tries both candidate models (:data:`MODELS`: without and with
+them) and keeps the one with the lower held-out error. The terms add:
+keras-adapt's optimizer reduces once after the backward pass, so computation
+and communication do not overlap (Pollux's ``(T_grad^g + T_sync^g)^(1/g)``
+is for frameworks that overlap them). The gradient size S is fixed for a
+model, so it lives inside ``sync_bandwidth``.
+
+The model is linear in its terms and is fitted by least squares on
+*relative* errors (each configuration's row divided by its measured time),
+which minimises the squared percentage error, the quantity MAPE measures;
+every configuration counts once, however often it was observed. Terms the
+observed configurations cannot tell apart are not identified, and the
+earlier term in :data:`TERMS` takes their joint cost: with all
+configurations at ``k = 1``, ``per_micro_step`` takes ``per_update``'s (a
+conservative guess for ``k > 1``); with only ``N`` in {1, 2},
+``sync_bandwidth`` takes ``sync_latency``'s. A prediction that depends on
+such a split says so (``Prediction.determined`` is False).
+
+Example:
+
+>>> from keras_adapt.perf_model import ThroughputModel
+>>> model = ThroughputModel(warmup=0)
+>>> for b in (16, 32, 64, 128):
+...     for n in (1, 2):
+...         for _ in range(3):
+...             _ = model.observe(b, 0.002 + 1e-4 * b + (0.003 if n == 2 else 0.0), workers=n)
+>>> fit = model.fit()
+>>> fit.usable, round(fit.params["per_sample"] * 1e6, 3)
+(True, 100.0)
+>>> round(model.predict_step_time(96, workers=2).value * 1e3, 3)
+14.6
+"""
+
+import collections
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+__all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MODELS", "Prediction", "TERMS", "ThroughputFit",
+           "ThroughputModel", "design_row"]
+
+#: The terms of the model, in the order in which they take the cost of
+#: terms that the observations cannot separate from them.
+TERMS = ("per_sample", "per_micro_step", "per_update", "sync_bandwidth", "sync_latency",
+         "interference_per_micro_step", "interference_per_sample")
+#: The terms that are zero at N = 1.
+_MULTI_WORKER = TERMS[3:]
+#: The candidate models: their terms. The fit keeps the one with the lower
+#: held-out error (the simpler one on a tie).
+MODELS = {"base": TERMS[:5], "interference": TERMS}
+#: Held-out configurations needed before a held-out MAPE means anything.
+MIN_HELDOUT = 3
+#: A usable fit's held-out MAPE is at most this fraction of the constant
+#: model's. With configuration-independent (pure noise) step times the
+#: ratio stays above 0.7 at 20 configurations; at 4 it falls below 0.5 for
+#: about 5% of noise draws.
+MAX_ERROR_RATIO = 0.5
+_RANK_TOL = 1e-9
+
+
+def design_row(batch_size, workers=1, accumulation=1):
+    """The model's row for one configuration: the multiplier of each term.
+
+    ``T_step = design_row(b, N, k) @ params`` with the parameters in the
+    order of :data:`TERMS`.
+
+    Example:
+
+    >>> from keras_adapt.perf_model import design_row
+    >>> design_row(32, workers=2, accumulation=4)
+    [128.0, 4.0, 1.0, 0.5, 1.0, 2.0, 64.0]
+    """
+    b, n, k = float(batch_size), float(workers), float(accumulation)
+    others = (n - 1.0) / n
+    return [k * b, k, 1.0, others, n - 1.0, k * others, k * b * others]
+
+
+def _check_count(name, value, what):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r} is not valid; pass {what} as an int >= 1")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A predicted quantity and its standard error.
+
+    ``value`` is the prediction, ``std`` the standard error of the fitted
+    mean at this configuration (from the parameters' covariance; about 68%
+    of the true mean lies within ``value +- std``, 95% within ``+- 2*std``
+    when the model's form is right). ``determined`` is False when the
+    observed configurations do not pin the answer down (it rests on how the
+    cost of terms they cannot separate was split; see the module doc).
+
+    Example:
+
+    >>> from keras_adapt.perf_model import Prediction
+    >>> p = Prediction(0.020, 0.0004, True)
+    >>> round(p.relative_std, 3), float(p)
+    (0.02, 0.02)
+    """
+
+    value: float
+    std: float
+    determined: bool
+
+    @property
+    def relative_std(self):
+        """``std / value``."""
+        return self.std / self.value
+
+    def __float__(self):
+        return float(self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputFit:
+    """One least-squares fit of a :class:`ThroughputModel`.
+
+    Attributes:
+        usable: the fit may be used: enough configurations, and its
+            held-out MAPE is at most half that of the constant model.
+        reason: why it is (or is not) usable, in one sentence.
+        params: seconds per unit of each term of :data:`TERMS` (0.0 for a
+            term that is not identified or not in the chosen model); None
+            when there were too few configurations to fit.
+        stderr: standard error of each identified parameter (None for the
+            others), from the residuals between configurations.
+        identified: the terms of the chosen model that the configurations
+            determine.
+        model: the candidate model chosen: ``"base"`` (no interference
+            terms) or ``"interference"`` (all of :data:`TERMS`), the one
+            with the lower held-out MAPE (see :data:`MODELS`).
+        model_mapes: held-out MAPE of each candidate that could be fitted,
+            over the configurations both predicted (the comparison made).
+        num_observations: observations used (after warm-up discards,
+            within each configuration's window).
+        num_configurations: distinct configurations used.
+        mape: held-out mean absolute percentage error, in percent: each
+            configuration predicted by a fit to all the others
+            (leave-one-configuration-out), over the configurations the
+            others determine (``heldout``).
+        constant_mape: the same for the constant model, which predicts the
+            mean step time of the other configurations.
+        train_mape: in-sample MAPE of this fit, in percent.
+        heldout: how many configurations entered ``mape``.
+
+    Example:
+
+    >>> from keras_adapt.perf_model import ThroughputModel
+    >>> model = ThroughputModel(warmup=0, min_observations=1)
+    >>> for b in (8, 16, 32, 64):
+    ...     _ = model.observe(b, 0.001 + 2e-4 * b)
+    >>> fit = model.fit()
+    >>> fit.identified, fit.usable, round(fit.mape, 6)
+    (('per_sample', 'per_micro_step'), True, 0.0)
+    >>> round(fit.predict_throughput(48, workers=1).value)   # 48 / (0.001 + 48 * 2e-4)
+    4528
+    """
+
+    usable: bool
+    reason: str
+    params: dict
+    stderr: dict
+    identified: tuple
+    model: str
+    model_mapes: dict
+    num_observations: int
+    num_configurations: int
+    mape: float
+    constant_mape: float
+    train_mape: float
+    heldout: int
+    _covariance: np.ndarray = dataclasses.field(repr=False, compare=False)
+    _row_space: np.ndarray = dataclasses.field(repr=False, compare=False)
+    _scale: np.ndarray = dataclasses.field(repr=False, compare=False)
+    _mask: np.ndarray = dataclasses.field(repr=False, compare=False)
+
+    def predict_step_time(self, batch_size, workers=1, accumulation=1):
+        """Predicted seconds of one update at ``(b, N, k)``, as a :class:`Prediction`.
+
+        Raises ``RuntimeError`` when the fit is not usable (the reason is in
+        the message) and ``ValueError`` for a multi-worker configuration
+        when no multi-worker configuration was observed (its
+        synchronisation cost is unknown) or when the prediction is not a
+        positive time (an extrapolation too far from the observations).
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0, min_observations=1)
+        >>> for b in (8, 16, 32, 64):
+        ...     _ = model.observe(b, 0.001 + 2e-4 * b)
+        >>> round(model.fit().predict_step_time(100).value, 6)
+        0.021
+        """
+        b = _check_count("batch_size", batch_size, "the per-worker micro-batch")
+        n = _check_count("workers", workers, "the worker count")
+        k = _check_count("accumulation", accumulation, "the micro-steps per update")
+        if not self.usable:
+            raise RuntimeError(f"the throughput model is not usable: {self.reason}")
+        if n > 1 and not any(t in self.identified for t in _MULTI_WORKER):
+            raise ValueError(
+                f"workers={n}: no multi-worker configuration was observed, so the "
+                "synchronisation cost is unknown; observe at least one configuration with "
+                "workers > 1 (and enough others) before predicting one")
+        x = np.array(design_row(b, n, k))
+        idx = [TERMS.index(t) for t in self.identified]
+        theta = np.array([self.params[t] for t in self.identified])
+        value = float(x[idx] @ theta)
+        if value <= 0.0:
+            raise ValueError(
+                f"batch_size={b}, workers={n}, accumulation={k}: the fit predicts a step time of "
+                f"{value:.3g} s, so this configuration is too far from the observed ones to "
+                "extrapolate to; observe configurations nearer to it")
+        std = float(math.sqrt(max(x[idx] @ self._covariance @ x[idx], 0.0)))
+        return Prediction(value, std,
+                          _in_row_space(x / self._scale * self._mask, self._row_space))
+
+    def predict_throughput(self, batch_size, workers=1, accumulation=1):
+        """Predicted global samples per second ``N*k*b / T_step``, as a :class:`Prediction`.
+
+        Its ``std`` is the step time's relative standard error carried over
+        (first order). Raises as :meth:`predict_step_time` does.
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0, min_observations=1)
+        >>> for b in (8, 16, 32, 64):
+        ...     _ = model.observe(b, 0.001 + 2e-4 * b)
+        >>> round(model.fit().predict_throughput(64, accumulation=2).value)
+        4638
+        """
+        t = self.predict_step_time(batch_size, workers, accumulation)
+        samples = float(batch_size * workers * accumulation)
+        value = samples / t.value
+        return Prediction(value, value * t.relative_std, t.determined)
+
+
+def _in_row_space(x, basis):
+    """Is ``x`` a combination of the rows that ``basis`` (orthonormal rows) spans?"""
+    residual = x - basis.T @ (basis @ x)
+    return bool(np.linalg.norm(residual) <= 1e-8 * max(1.0, np.linalg.norm(x)))
+
+
+def _row_space(rows):
+    """Orthonormal basis (as rows) of the row space of ``rows``."""
+    _, s, vt = np.linalg.svd(rows, full_matrices=False)
+    if s.size == 0 or s[0] == 0.0:
+        return np.zeros((0, rows.shape[1]))
+    return vt[s > _RANK_TOL * s[0]]
+
+
+def _identifiable(rows):
+    """Indices of the columns kept, in order: each kept column adds rank."""
+    kept = []
+    for j in range(rows.shape[1]):
+        if not np.any(rows[:, j]):
+            continue
+        trial = rows[:, kept + [j]]
+        if np.linalg.matrix_rank(trial, tol=_RANK_TOL * np.linalg.norm(trial, 2)) == len(kept) + 1:
+            kept.append(j)
+    return kept
+
+
+def _solve(rows, times):
+    """Relative least squares: the columns kept and their parameters.
+
+    Minimises sum((1 - rows @ theta / times)^2) over the identifiable
+    columns (the others are 0)."""
+    kept = _identifiable(rows)
+    a = rows[:, kept] / times[:, None]
+    theta, *_ = np.linalg.lstsq(a, np.ones(len(times)), rcond=None)
+    return kept, theta, a
+
+
+def _fit_candidate(scaled, times):
+    """One candidate model (its columns not in the model are zero): the fit
+    and its leave-one-configuration-out errors.
+
+    ``errors`` and ``const_errors`` map each configuration the others
+    determine to the relative error of the model and of the constant model;
+    ``errors`` is None when there are fewer than p + 2 configurations."""
+    c = len(times)
+    kept = _identifiable(scaled)
+    out = dict(kept=kept, errors=None)
+    if c < len(kept) + 2:
+        return out
+    kept, theta, a = _solve(scaled, times)
+    residual = 1.0 - a @ theta
+    sigma2 = float(residual @ residual) / (c - len(kept))
+    errors, const_errors = {}, {}
+    for i in range(c):
+        others = np.arange(c) != i
+        if not _in_row_space(scaled[i], _row_space(scaled[others])):
+            continue
+        k_i, th_i, _ = _solve(scaled[others], times[others])
+        errors[i] = abs(float(scaled[i, k_i] @ th_i) - times[i]) / times[i]
+        const_errors[i] = abs(float(np.mean(times[others])) - times[i]) / times[i]
+    out.update(theta=theta, cov=sigma2 * np.linalg.inv(a.T @ a), residual=residual,
+               row_space=_row_space(scaled), errors=errors, const_errors=const_errors)
+    return out
+
+
+class ThroughputModel:
+    """Step time (one optimizer update) fitted online from observed updates.
+
+    Feed it the measured time of each update (or the mean over a few) with
+    its configuration; :meth:`fit` fits the model of the module doc by least
+    squares on relative errors and says how well it predicts configurations
+    it has not seen.
+
+    What it keeps: for each configuration ``(b, N, k)`` the last ``window``
+    observed times. A bounded window, not running sums, so a configuration
+    measured again reflects the machine as it is now, memory stays
+    ``configurations x window`` floats, and the median is available. The
+    first ``warmup`` observations of every *visit* to a configuration (the
+    consecutive observations after the configuration changed) are
+    discarded: the first steps after a change pay for new shapes (tracing)
+    and cold caches (in ``benchmarks/perf_model.py`` the first update after
+    a switch took about 25% longer than the steady state, the second 10%,
+    the third 4%). A configuration enters the fit once it holds
+    ``min_observations`` times; its time is their mean (or median). The
+    fit costs ``O(C^2)`` small least-squares solves for C configurations
+    (leave-one-out) and is cached until the next observation, so calling it
+    every interval is cheap.
+
+    How many configurations: with p identified terms a candidate model needs
+    ``p + 2`` distinct configurations: p to determine the parameters, one more
+    for a residual (standard errors), and one more so that each configuration
+    left out still leaves a determined fit. For the base model p is 2 when
+    only the micro-batch varies (4 configurations), 3 when accumulation or the
+    worker count (1 and 2) varies too (5), 4 for micro-batch x accumulation x
+    one and two workers (6), 5 with three or more worker counts (7); the
+    interference model needs one (b x N) or two more (b x k x N)
+    configurations, and is only tried when it has them. The held-out MAPE also
+    needs at least 3 configurations that the others determine (the rest are
+    left out of it). Before that, and when the fit's held-out MAPE is not at
+    most half the constant model's (which predicts the mean step time of the
+    other configurations; noise alone rarely halves it, see
+    :data:`MAX_ERROR_RATIO`), the fit is not usable: ``fit().usable`` is
+    False, ``fit().reason`` says why and ``predict_*`` raise ``RuntimeError``.
+    The fit is deterministic: fed the same times in the same order (gathered
+    first), ranks on the same numpy and BLAS get the same fit.
+
+    Args:
+        warmup: observations discarded at the start of each visit to a
+            configuration (int >= 0).
+        window: most recent observations kept per configuration (int >= 1).
+        min_observations: observations (after warm-up) a configuration needs
+            before it enters the fit (int >= 1, at most ``window``).
+        statistic: ``"mean"`` (default: throughput over a long run is set by
+            the mean step time) or ``"median"`` (when the times fed in may
+            include odd slow steps, such as one with an evaluation).
+
+    Example:
+
+    >>> from keras_adapt.perf_model import ThroughputModel
+    >>> model = ThroughputModel(warmup=1)
+    >>> model.observe(32, 0.5)      # the first update after a change: discarded
+    False
+    >>> for b in (16, 32, 64, 128):
+    ...     for _ in range(4):
+    ...         _ = model.observe(b, 0.003 + 5e-5 * b)
+    >>> model.fit().usable
+    True
+    >>> round(model.predict_throughput(256).value)   # 256 / (0.003 + 256 * 5e-5)
+    16203
+    """
+
+    def __init__(self, warmup=2, window=256, min_observations=3, statistic="mean"):
+        for name, value, minimum in (("warmup", warmup, 0), ("window", window, 1),
+                                     ("min_observations", min_observations, 1)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+                raise ValueError(f"{name}={value!r} is not valid; use an int >= {minimum}")
+        if min_observations > window:
+            raise ValueError(f"min_observations={min_observations!r} exceeds window={window!r}; "
+                             "a configuration could never enter the fit: lower min_observations "
+                             "or raise window")
+        if statistic not in ("mean", "median"):
+            raise ValueError(f"statistic={statistic!r} is not valid; use 'mean' or 'median'")
+        self.warmup = int(warmup)
+        self.window = int(window)
+        self.min_observations = int(min_observations)
+        self.statistic = statistic
+        self._times = {}  # (b, N, k) -> deque of seconds
+        self._current = None  # configuration of the latest observation
+        self._run = 0  # observations so far in the current visit
+        self._fit = None
+
+    def observe(self, batch_size, step_time, workers=1, accumulation=1):
+        """Adds the measured time of one update; returns False when it was a warm-up discard.
+
+        Args:
+            batch_size: per-worker micro-batch b (int >= 1).
+            step_time: seconds of one optimizer update: its k micro-steps and
+                the synchronisation (finite float > 0). The mean over several
+                updates of one configuration is fine too.
+            workers: worker count N (int >= 1).
+            accumulation: micro-steps per update k (int >= 1).
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=1)
+        >>> model.observe(64, 0.031, workers=2), model.observe(64, 0.012, workers=2)
+        (False, True)
+        >>> model.configurations()
+        {(64, 2, 1): [0.012]}
+        """
+        b = _check_count("batch_size", batch_size, "the per-worker micro-batch")
+        n = _check_count("workers", workers, "the worker count")
+        k = _check_count("accumulation", accumulation, "the micro-steps per update")
+        if isinstance(step_time, bool) or not isinstance(step_time, numbers.Real) \
+                or not math.isfinite(step_time) or step_time <= 0:
+            raise ValueError(f"step_time={step_time!r} is not valid; pass the measured seconds of "
+                             "one optimizer update (its micro-steps and the synchronisation) as a "
+                             "finite float > 0")
+        config = (b, n, k)
+        if config != self._current:
+            self._current, self._run = config, 0
+        self._run += 1
+        if self._run <= self.warmup:
+            return False
+        self._times.setdefault(config, collections.deque(maxlen=self.window)).append(
+            float(step_time))
+        self._fit = None
+        return True
+
+    def configurations(self):
+        """``{(b, N, k): [seconds, ...]}``: the observations kept, sorted by configuration.
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0, window=2, min_observations=1)
+        >>> for t in (0.1, 0.2, 0.3):
+        ...     _ = model.observe(8, t)
+        >>> model.configurations()
+        {(8, 1, 1): [0.2, 0.3]}
+        """
+        return {c: list(self._times[c]) for c in sorted(self._times)}
+
+    def reset(self):
+        """Forgets every observation (for example after the hardware changed).
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0)
+        >>> _ = model.observe(8, 0.1); model.reset(); model.configurations()
+        {}
+        """
+        self._times.clear()
+        self._current, self._run = None, 0
+        self._fit = None
+
+    def fit(self):
+        """Fits the model to the observations so far; returns a :class:`ThroughputFit`.
+
+        Cached until the next observation.
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0)
+        >>> _ = model.observe(8, 0.1)
+        >>> fit = model.fit()
+        >>> fit.usable, fit.reason
+        (False, 'no configuration has 3 observations yet (min_observations=3)')
+        """
+        if self._fit is None:
+            self._fit = self._compute_fit()
+        return self._fit
+
+    def predict_step_time(self, batch_size, workers=1, accumulation=1):
+        """``fit().predict_step_time(...)``: see :meth:`ThroughputFit.predict_step_time`.
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0)
+        >>> model.predict_step_time(32)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: the throughput model is not usable: no configuration has 3 observations yet (min_observations=3)
+        """
+        return self.fit().predict_step_time(batch_size, workers, accumulation)
+
+    def predict_throughput(self, batch_size, workers=1, accumulation=1):
+        """``fit().predict_throughput(...)``: see :meth:`ThroughputFit.predict_throughput`.
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0, min_observations=1)
+        >>> for b in (8, 16, 32, 64):
+        ...     _ = model.observe(b, 0.001 + 1e-4 * b)
+        >>> round(model.predict_throughput(128, workers=1).value)
+        9275
+        """
+        return self.fit().predict_throughput(batch_size, workers, accumulation)
+
+    # -- fitting --------------------------------------------------------------
+    def _summaries(self):
+        """Configurations with enough observations, their rows, times and counts."""
+        reduce = np.mean if self.statistic == "mean" else np.median
+        configs = [c for c in sorted(self._times) if len(self._times[c]) >= self.min_observations]
+        rows = np.array([design_row(*c) for c in configs]).reshape(len(configs), len(TERMS))
+        times = np.array([float(reduce(self._times[c])) for c in configs])
+        count = sum(len(self._times[c]) for c in configs)
+        return configs, rows, times, count
+
+    def _compute_fit(self):
+        configs, rows, times, count = self._summaries()
+        c = len(configs)
+
+        def unusable(reason, **fields):
+            base = dict(params=None, stderr=None, identified=(), model=None, model_mapes={},
+                        num_observations=count, num_configurations=c, mape=math.nan,
+                        constant_mape=math.nan, train_mape=math.nan, heldout=0,
+                        _covariance=np.zeros((0, 0)), _row_space=np.zeros((0, len(TERMS))),
+                        _scale=np.ones(len(TERMS)), _mask=np.ones(len(TERMS)))
+            base.update(fields)
+            return ThroughputFit(usable=False, reason=reason, **base)
+
+        if c == 0:
+            return unusable(f"no configuration has {self.min_observations} observations yet "
+                            f"(min_observations={self.min_observations})")
+        # Scale the columns to comparable size: ranks and solves are then
+        # well conditioned whatever the batch sizes.
+        scale = np.max(np.abs(rows), axis=0)
+        scale[scale == 0.0] = 1.0
+        scaled = rows / scale
+        fitted = {}
+        for name, terms in MODELS.items():
+            mask = np.array([t in terms for t in TERMS], dtype=np.float64)
+            fitted[name] = _fit_candidate(scaled * mask, times)
+            fitted[name]["mask"] = mask
+        base, full = fitted["base"], fitted["interference"]
+        if full["kept"] == base["kept"]:
+            del fitted["interference"]  # no interference term is identified: the same model
+        feasible = {n: f for n, f in fitted.items()
+                    if f["errors"] is not None and len(f["errors"]) >= MIN_HELDOUT}
+        # Compare on the configurations both predicted; the simpler model wins ties.
+        common = set.intersection(*(set(f["errors"]) for f in feasible.values())) \
+            if feasible else set()
+        model_mapes = {n: float(np.mean([f["errors"][i] for i in sorted(common)])) * 100.0
+                       if common else math.nan for n, f in feasible.items()}
+        if len(feasible) == 2 and common and model_mapes["interference"] < model_mapes["base"]:
+            name = "interference"
+        elif "base" in feasible:
+            name = "base"
+        else:
+            name = next(iter(feasible), "base")
+        chosen = fitted[name]
+        p = len(chosen["kept"])
+        if chosen["errors"] is None:
+            return unusable(f"{c} configuration(s) observed; {p + 2} are needed for the "
+                            f"{p} term(s) they identify (p to fit, one residual, one to leave out)")
+
+        kept = chosen["kept"]
+        theta = chosen["theta"] / scale[kept]
+        cov = chosen["cov"] / np.outer(scale[kept], scale[kept])
+        params = {t: 0.0 for t in TERMS}
+        stderr = {t: None for t in TERMS}
+        for i, j in enumerate(kept):
+            params[TERMS[j]] = float(theta[i])
+            stderr[TERMS[j]] = float(math.sqrt(max(cov[i, i], 0.0)))
+        errors = [chosen["errors"][i] for i in sorted(chosen["errors"])]
+        const_errors = [chosen["const_errors"][i] for i in sorted(chosen["errors"])]
+        fields = dict(params=params, stderr=stderr, identified=tuple(TERMS[j] for j in kept),
+                      model=name, model_mapes=model_mapes,
+                      num_observations=count, num_configurations=c,
+                      mape=float(np.mean(errors)) * 100.0 if errors else math.nan,
+                      constant_mape=float(np.mean(const_errors)) * 100.0 if errors else math.nan,
+                      train_mape=float(np.mean(np.abs(chosen["residual"]))) * 100.0,
+                      heldout=len(errors), _covariance=cov, _row_space=chosen["row_space"],
+                      _scale=scale, _mask=chosen["mask"])
+        if len(errors) < MIN_HELDOUT:
+            return unusable(f"only {len(errors)} of {c} configurations are determined by the "
+                            f"others; observe more (at least {MIN_HELDOUT} are needed for a "
+                            "held-out error)", **fields)
+        if not fields["mape"] <= MAX_ERROR_RATIO * fields["constant_mape"]:
+            return unusable(f"held-out MAPE {fields['mape']:.2f}% does not beat the constant "
+                            f"model's {fields['constant_mape']:.2f}% (it must be at most "
+                            f"{MAX_ERROR_RATIO:g} of it): the step times do not follow the "
+                            "configuration measurably", **fields)
+        return ThroughputFit(usable=True, reason=(
+            f"held-out MAPE {fields['mape']:.2f}% over {len(errors)} configurations vs "
+            f"{fields['constant_mape']:.2f}% for the constant model"), **fields)
