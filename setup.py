@@ -57,11 +57,15 @@ class BuildOps(build_ext):
     """Builds the op library; a failure leaves the pure-TF twin in charge."""
 
     def build_extension(self, ext):
-        # Python's own CFLAGS include -g; the op library does not need it.
+        # Python's own CFLAGS include -g, which the op library does not need,
+        # and -fwrapv, which stops GCC from vectorising the kernel's loops
+        # (the squared norms ran 3-4x slower with it: memory-bound at about
+        # 16 GB/s without it, compute-bound with it).
+        dropped = ("-g", "-Wstrict-prototypes", "-fwrapv")
         for attr in ("compiler_so", "compiler_cxx", "linker_so"):
             cmd = getattr(self.compiler, attr, None)
             if cmd:
-                setattr(self.compiler, attr, [a for a in cmd if a not in ("-g", "-Wstrict-prototypes")])
+                setattr(self.compiler, attr, [a for a in cmd if a not in dropped])
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - any compiler failure

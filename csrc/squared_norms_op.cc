@@ -65,13 +65,13 @@ double SumSquares(const T* data, int64_t begin, int64_t end) {
 }
 
 // float32, the hot path. Products are summed in 16 independent float lanes
-// (one AVX-512 register, two AVX2 registers) over short blocks -- each lane
+// (one AVX-512 register, two AVX registers) over short blocks -- each lane
 // adds only 32 terms, so float rounding stays ~1e-7 relative -- and each
-// block's sum is added in double. target_clones compiles AVX-512, AVX2 and
+// block's sum is added in double. target_clones compiles AVX-512, AVX2, AVX and
 // baseline versions and picks one at load time, so the library still runs on
 // any x86-64 CPU that TensorFlow runs on.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KERAS_ADAPT_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define KERAS_ADAPT_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "avx", "default")))
 #else
 #define KERAS_ADAPT_TARGET_CLONES
 #endif
