@@ -92,6 +92,7 @@ class GradientStatistics(tf.Module):
             self.covered_updates = var(0, tf.int64, "covered_updates")
             self.nonfinite = var(0, tf.int64, "nonfinite")
             self.global_batch = var(0.0, _F64, "global_batch")
+        self._read_all = None
 
     @staticmethod
     def check_arguments(ema_decay, batch_size, interval=1):
@@ -243,21 +244,31 @@ class GradientStatistics(tf.Module):
         EMA(|G|^2) means the signal is not yet resolved from the noise: the
         noise scale is reported as +inf and the SNR as 0.
         """
-        updates = int(self.updates.numpy())
+        if self._read_all is None:
+            # One compiled read of all the variables: one call and one copy
+            # to the host instead of one per variable (monitors call this
+            # every few steps).
+            variables = (self.updates, self.covered_updates, self.nonfinite, self.global_batch,
+                         self.ema_weight, self.ema_grad_sqr, self.ema_grad_var,
+                         self.ema_global_batch)
+            self._read_all = tf.function(
+                lambda: tf.stack([tf.cast(v, _F64) for v in variables]), autograph=False)
+        (updates, covered, nonfinite, global_batch, correction, ema_grad_sqr, ema_grad_var,
+         ema_global_batch) = self._read_all().numpy().tolist()
+        updates = int(updates)
         out = {
             "updates": updates,
-            "covered_updates": int(self.covered_updates.numpy()),
-            "nonfinite": int(self.nonfinite.numpy()),
-            "batch_size": float(self.global_batch.numpy()),
+            "covered_updates": int(covered),
+            "nonfinite": int(nonfinite),
+            "batch_size": global_batch,
         }
         if updates == 0:
             nan = float("nan")
             out.update(grad_sqr=nan, grad_var=nan, gns=nan, grad_snr=nan, snr_batch_size=nan)
             return out
-        correction = float(self.ema_weight.numpy())
-        grad_sqr = float(self.ema_grad_sqr.numpy()) / correction
-        grad_var = float(self.ema_grad_var.numpy()) / correction
-        batch = float(self.ema_global_batch.numpy()) / correction
+        grad_sqr = ema_grad_sqr / correction
+        grad_var = ema_grad_var / correction
+        batch = ema_global_batch / correction
         if grad_sqr > 0.0:
             # A negative variance estimate means no noise is resolved yet.
             gns = max(grad_var, 0.0) / grad_sqr
