@@ -154,6 +154,20 @@ def test_schedule_keeps_working_and_progress_drives_it_when_enabled():
     assert lr.current_lr() == pytest.approx(0.05, rel=1e-5)
 
 
+def test_base_and_current_lr_of_a_schedule_at_the_update_count():
+    # Without progress a schedule is read at the update count, on both stacks
+    # (tf.keras 2 keeps the schedule object itself in learning_rate).
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    model = _model()
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(schedule)), "mse")
+    lr = LearningRateScale(model)
+    lr.set(2.0)
+    x, y = _data(n=96)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # 3 updates
+    assert lr.base_lr() == pytest.approx(0.1 * 0.5 ** 3, rel=1e-6)
+    assert lr.current_lr() == pytest.approx(2 * 0.1 * 0.5 ** 3, rel=1e-6)
+
+
 def test_global_batch_decomposition_with_and_without_dataset():
     model = _model()
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")

@@ -99,21 +99,9 @@ class LearningRateScale:
 
     def base_lr(self):
         """The user's learning rate at the current step, without the factor."""
-        state = self._optimizer.adapt_state
-        control, state.lr_control = state.lr_control, None
-        try:
-            lr = self._optimizer.learning_rate
-            if callable(lr) and not hasattr(lr, "numpy"):
-                lr = lr(self._optimizer.iterations)
-            return float(np.asarray(lr))
-        finally:
-            state.lr_control = control
+        return _optimizer.base_learning_rate(self._optimizer)
 
     def current_lr(self):
         """The effective learning rate now: ``base_lr() x factor`` (or the
         schedule at the progress, times the factor)."""
-        if self._state.use_progress:
-            lr = self._optimizer._learning_rate
-            if _optimizer._is_schedule(lr):
-                return float(np.asarray(lr(self.progress))) * self.factor
-        return self.base_lr() * self.factor
+        return _optimizer.effective_learning_rate(self._optimizer)

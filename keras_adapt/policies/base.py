@@ -173,14 +173,15 @@ class AdaptationPolicy(keras.callbacks.Callback):
     def _completes_update(self):
         """Whether the micro-step that just ended completed an optimizer update.
 
-        Mirrors the in-graph rule (count += 1; update when count >= k) on the
-        host, so no variable is read per step; every rank counts alike.
+        Applies the in-graph rule (``AccumulationState.completes_update``)
+        to a host count, so no variable is read per step; every rank counts
+        alike.
         """
         acc = self.model.optimizer.adapt_state.accumulation
         if acc is None:
             return True
         self._pending_micro += 1
-        if self._pending_micro >= acc.steps_value:
+        if acc.completes_update(self._pending_micro, acc.steps_value):
             self._pending_micro = 0
             return True
         return False

@@ -1,0 +1,312 @@
+"""The order of one distributed optimizer update (framework-neutral).
+
+Per optimizer update, inside the compiled train function:
+
+1. local squared norm |g_i|^2 of this worker's gradient (one fused op; also
+   the non-finite check);
+2. one grouped allreduce that averages the gradients *and* this worker's
+   measurement (|g_i|^2, 1/b_i, b_i: one 3-element tensor, on every update);
+3. on a measured update (one in ``stats_interval``, a branch every rank takes
+   alike): the statistics (:mod:`keras_adapt.optimizer.statistics`);
+4. the optimizer update, skipped (and counted) if the averaged gradient is
+   not finite -- on every rank alike, since the check reads allreduced values.
+
+With accumulation (:mod:`keras_adapt.optimizer.accumulation`) the micro-steps
+add up locally and only the micro-step that completes an update runs 2-4.
+"""
+
+import tensorflow as tf
+
+from keras_adapt.monitors.gradient_stats import GradientStatistics
+from keras_adapt.optimizer import statistics
+from keras_adapt.optimizer.accumulation import AccumulationState
+from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables
+from keras_adapt import _hvd
+
+
+def _check_not_xla():
+    """Raises a clear error when traced inside an XLA cluster (jit_compile=True).
+
+    Horovod's collectives and keras-adapt's op have no XLA kernels; without
+    this check the user gets a long XLA compilation error instead.
+    """
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # internal module moved: let XLA report it
+        return
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            "keras_adapt.DistributedOptimizer cannot run inside an XLA-compiled "
+            "train step (jit_compile=True): Horovod's collectives and keras-adapt's "
+            "ops have no XLA kernels. Compile the model with jit_compile=False "
+            "(on Keras 3, jit_compile='auto' enables XLA when a GPU is present)."
+        )
+
+
+def _dense(g):
+    # sparse_as_dense=True (and accumulation): sparse gradients (embeddings)
+    # travel densely, in the one fused collective instead of an allgather.
+    if isinstance(g, tf.IndexedSlices):
+        return tf.convert_to_tensor(g)
+    return g
+
+
+def _scaled(g, factor):
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
+
+
+def _mean_view(reduced, reduction, num_workers):
+    """The averaged gradient, dense, for the statistics: ``reduced`` itself
+    in the default case (average, dense), else densified and / or divided
+    by the number of workers (``op=Sum``)."""
+    out = [_dense(r) for r in reduced]
+    if reduction.is_sum:
+        out = [r / tf.cast(num_workers, r.dtype) for r in out]
+    return out
+
+
+class DistributedCore:
+    """Framework-neutral implementation shared by the Keras 3 and Keras 2 bindings.
+
+    The class made by :func:`~keras_adapt.optimizer.DistributedOptimizer`
+    carries its keras-adapt settings (``adapt_settings``), and every instance
+    builds its :class:`AdaptState` from them here: a copy made with
+    ``type(opt).from_config(opt.get_config())`` is a complete distributed
+    optimizer with the same settings, while ``get_config()`` stays the plain
+    optimizer's (a saved model loads without keras-adapt).
+    """
+
+    adapt_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
+                      "skip_nonfinite": True, "stats_interval": statistics.DEFAULT_STATS_INTERVAL,
+                      "sparse_as_dense": False,
+                      "backward_passes_per_step": 1, "average_aggregated_gradients": False,
+                      "op": None, "compression": None, "gradient_predivide_factor": 1.0,
+                      "process_set": None, "scale_local_gradients": True, "local_layers": ()}
+    #: Whether reading ``learning_rate`` gives the effective rate (base x
+    #: keras-adapt's factor): True on Keras 3 (see its binding).
+    learning_rate_includes_factor = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        settings = type(self).adapt_settings
+        stats = None
+        if settings["gradient_stats"]:
+            stats = GradientStatistics(ema_decay=settings["ema_decay"],
+                                       batch_size=settings["batch_size"],
+                                       interval=settings["stats_interval"])
+        worker_local = WorkerLocalVariables(settings["scale_local_gradients"])
+        worker_local.add_layers(settings["local_layers"])
+        self._adapt_state = AdaptState(
+            stats, settings["skip_nonfinite"],
+            reduction=_hvd.Reduction(settings["op"], settings["compression"],
+                                     settings["gradient_predivide_factor"],
+                                     settings["process_set"]),
+            worker_local=worker_local)
+        if settings["backward_passes_per_step"] > 1:
+            self._adapt_state.accumulation = AccumulationState(
+                settings["backward_passes_per_step"],
+                average=settings["average_aggregated_gradients"], count_micro_steps=True)
+
+    def register_local_var(self, var):
+        """Marks ``var`` as worker-local (Horovod's ``register_local_var``):
+        its gradient is not combined across workers but applied on each
+        worker, divided by the number of workers (unless the optimizer was
+        made with ``scale_local_gradients=False``), and it is left out of the
+        gradient statistics. Call it before the first training step (the
+        train function is traced with the registered set).
+
+        Example:
+
+        >>> import tensorflow as tf, keras, keras_adapt
+        >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        >>> v = tf.Variable([1.0])
+        >>> opt.register_local_var(v)
+        >>> opt.adapt_state.worker_local.contains(v)
+        True
+        """
+        self._adapt_state.worker_local.add(var)
+
+    @property
+    def adapt_state(self):
+        """The :class:`AdaptState` keras-adapt keeps for this optimizer."""
+        return self._adapt_state
+
+    @property
+    def gradient_statistics(self):
+        """The :class:`GradientStatistics` of this optimizer, or None if monitoring is off."""
+        return self._adapt_state.statistics
+
+    @property
+    def skipped_steps(self):
+        """Variable counting optimizer steps skipped for a non-finite averaged gradient."""
+        return self._adapt_state.skipped
+
+    # -- learning rate (used by the bindings) --------------------------------
+    def _ka_scaled(self, lr):
+        """``lr`` times the current factor of the learning-rate control."""
+        control = self._adapt_state.lr_control
+        if control is None:
+            return lr
+        lr = tf.convert_to_tensor(lr)
+        return lr * tf.cast(control.factor_at(self.iterations), lr.dtype)
+
+    def _ka_base_value(self, value):
+        """Reading ``learning_rate`` gives the effective rate (base x factor),
+        so setting it sets the effective rate too: callbacks such as
+        ReduceLROnPlateau read, multiply and write it back, which must not
+        compound the factor. Schedules and variables are set as given."""
+        state = getattr(self, "_adapt_state", None)
+        control = None if state is None else state.lr_control
+        if control is None or callable(value) or isinstance(value, tf.Variable):
+            return value
+        factor = float(control.factor_at(self.iterations).numpy())
+        return float(value) / factor
+
+    # -- the update -----------------------------------------------------------
+    def _ka_distributed_apply(self, grads, variables, apply_fn):
+        """Averages ``grads`` across workers, updates the statistics, then
+        calls ``apply_fn(averaged_grads)`` (possibly skipped if non-finite).
+        With accumulation enabled, only the micro-step that completes an
+        update reaches the workers."""
+        _check_not_xla()
+        state = self._adapt_state
+        if state.accumulation is not None or type(self).adapt_settings["sparse_as_dense"]:
+            grads = [_dense(g) for g in grads]
+        worker_local = [False] * len(grads)
+        if state.worker_local and variables is not None:
+            worker_local = [state.worker_local.contains(v) for v in variables]
+        if state.accumulation is not None:
+            return self._ka_accumulate(grads, apply_fn, worker_local)
+        return self._ka_reduce_and_apply(grads, apply_fn, worker_local=worker_local)
+
+    def _ka_accumulate(self, grads, apply_fn, worker_local):
+        """Adds this micro-step's gradient to the accumulators; the micro-step
+        that completes an update averages them over micro-steps and workers
+        and applies.
+
+        All ranks count alike and read the same k, so all take the same
+        branch and the collective inside it matches up."""
+        state = self._adapt_state
+        acc = state.accumulation
+        stats = state.statistics
+        shared = [_dense(g) for g, w in zip(grads, worker_local) if g is not None and not w]
+        if stats is not None and shared:
+            # The update these micro-steps make up keeps its index until it applies.
+            acc.add_measurement(
+                statistics.local_squared_norm(state, shared, tf.cast(self.iterations, tf.int64)),
+                stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
+        count = acc.add(grads)
+
+        def update():
+            n = tf.cast(count, tf.float32)
+            apply_update = apply_fn
+            if not acc.average:
+                # Horovod's average_aggregated_gradients=False: the sum.
+                def apply_update(g):
+                    return apply_fn([None if x is None else x * tf.cast(n, x.dtype) for x in g])
+            applied = self._ka_reduce_and_apply(
+                acc.mean(grads, count), apply_update, local_sqr=acc.local_sqr / n,
+                inv_batch=acc.inv_batch / n, samples=acc.samples, micro_steps=count,
+                worker_local=worker_local)
+            with tf.control_dependencies([applied]):
+                acc.reset()
+            return tf.constant(True)
+
+        def accumulate_only():
+            if acc.count_micro_steps:
+                self.iterations.assign_add(1)
+            return tf.constant(False)
+
+        return tf.cond(AccumulationState.completes_update(count, acc.steps), update,
+                       accumulate_only)
+
+    def _ka_reduce_and_apply(self, grads, apply_fn, local_sqr=None, inv_batch=None,
+                             samples=None, micro_steps=None, worker_local=None):
+        """One collective for the gradients (and the monitoring scalars), the
+        statistics on measured updates, then the (skippable) update.
+
+        ``local_sqr``, ``inv_batch``, ``samples`` and ``micro_steps`` describe
+        accumulated gradients: the mean over the micro-steps of their squared
+        norms and of their inverse sizes, their total size, and their number.
+        ``worker_local[i]``: gradient i stays on this worker (not reduced,
+        not in the statistics)."""
+        state = self._adapt_state
+        stats = state.statistics
+        if worker_local is None:
+            worker_local = [False] * len(grads)
+        present = [i for i, g in enumerate(grads) if g is not None and not worker_local[i]]
+        local = [grads[i] for i in present]
+        num_workers = state.reduction.size()
+        control = state.lr_control
+
+        def with_averaged(reduced):
+            out = list(grads)
+            for i, r in zip(present, reduced):
+                out[i] = r
+            if state.worker_local.scale and num_workers > 1:
+                for i, g in enumerate(grads):
+                    if g is not None and worker_local[i]:
+                        out[i] = _scaled(g, 1.0 / num_workers)
+            return out
+
+        def apply(averaged):
+            out = apply_fn(averaged)
+            if control is not None:
+                control.after_update()
+            return out
+
+        if stats is None or not local:
+            apply(with_averaged(state.reduction.allreduce(local)))
+            return tf.constant(True)
+
+        update_index = tf.cast(self.iterations, tf.int64)
+        if local_sqr is None:
+            local_sqr = statistics.local_squared_norm(state, [_dense(g) for g in local],
+                                                      update_index)
+            inv_batch = stats.inverse_batch_size()
+            samples = tf.cast(stats.batch_size, tf.float32)
+        # This worker's measurement rides in the gradients' grouped allreduce
+        # on every update (the one collective must match on every rank).
+        reduced = state.reduction.allreduce(local, [tf.stack([local_sqr, inv_batch, samples])])
+        averaged = tuple(tf.unstack(reduced[-1]))
+        reduced = reduced[:-1]
+        m = tf.cast(num_workers, tf.int64)
+        if micro_steps is not None:
+            m = m * micro_steps
+
+        def mean():
+            # Made inside each branch that reads it: under op=Sum it costs a division.
+            return _mean_view(reduced, state.reduction, num_workers)
+
+        def measure():
+            # Every rank takes this branch at the same update (same count, same
+            # interval), and it holds no collective.
+            return statistics.measure(state, mean(), averaged, (local_sqr, inv_batch), m,
+                                      num_workers, update_index)
+
+        deps = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
+        if num_workers == 1:
+            with tf.control_dependencies(deps):  # the pair reads before this overwrites
+                deps.append(statistics.remember_if_next_measured(
+                    state, mean(), local_sqr, inv_batch, update_index))
+
+        averaged_grads = with_averaged(reduced)
+        if not state.skip_nonfinite:
+            with tf.control_dependencies(deps):
+                apply(averaged_grads)
+                return tf.constant(True)
+
+        def apply_branch():
+            apply(averaged_grads)
+            return tf.constant(True)
+
+        def skip_branch():
+            state.skipped.assign_add(1)
+            return tf.constant(False)
+
+        # The allreduced mean of |g_i|^2 is identical on every rank, so every
+        # rank takes the same branch.
+        with tf.control_dependencies(deps):
+            return tf.cond(tf.math.is_finite(averaged[0]), apply_branch, skip_branch)

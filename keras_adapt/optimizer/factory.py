@@ -1,0 +1,240 @@
+"""``DistributedOptimizer``: wraps a Keras optimizer for Horovod and keras-adapt."""
+
+from keras_adapt import _hvd
+from keras_adapt import _keras
+from keras_adapt.monitors.gradient_stats import GradientStatistics
+from keras_adapt.optimizer._bindings import distributed_class
+from keras_adapt.optimizer._step import DistributedCore
+from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL
+
+
+def _validate(optimizer, gradient_stats, skip_nonfinite):
+    if isinstance(optimizer, str):
+        import keras
+
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError as exc:
+            raise ValueError(
+                f"optimizer={optimizer!r} is not a known Keras optimizer name; pass "
+                "an optimizer instance such as keras.optimizers.SGD(0.01) or a "
+                "name such as 'sgd' or 'adam'"
+            ) from exc
+    if not isinstance(optimizer, _keras.optimizer_classes()):
+        raise TypeError(
+            f"optimizer must be a Keras optimizer instance (keras.optimizers.Optimizer"
+            f"{'' if _keras.IS_KERAS3 else ' or keras.optimizers.legacy.Optimizer'}) "
+            f"or its name; got {type(optimizer).__name__}: {optimizer!r}"
+        )
+    if isinstance(optimizer, DistributedCore):
+        raise ValueError(
+            "optimizer is already a keras_adapt.DistributedOptimizer; wrap the "
+            "plain Keras optimizer only once"
+        )
+    for name, value in (("gradient_stats", gradient_stats), ("skip_nonfinite", skip_nonfinite)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    return optimizer
+
+
+def _check_horovod_arguments(sparse_as_dense, backward_passes_per_step,
+                             average_aggregated_gradients, scale_local_gradients, local_layers):
+    for name, value in (("sparse_as_dense", sparse_as_dense),
+                        ("average_aggregated_gradients", average_aggregated_gradients),
+                        ("scale_local_gradients", scale_local_gradients)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    k = backward_passes_per_step
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(
+            f"backward_passes_per_step={k!r} is not valid; use a positive int "
+            "(1: reduce and apply every step)"
+        )
+    if local_layers is None:
+        return ()
+    import keras
+
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = tuple(local_layers)
+    for layer in local_layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise TypeError(
+                f"local_layers must be Keras layers, got {type(layer).__name__}: {layer!r}"
+            )
+    return local_layers
+
+
+def DistributedOptimizer(  # noqa: N802 - a factory named like the class it returns, as in Horovod
+    optimizer,
+    gradient_stats=True,
+    ema_decay=0.99,
+    batch_size=None,
+    skip_nonfinite=True,
+    stats_interval=DEFAULT_STATS_INTERVAL,
+    *,
+    sparse_as_dense=False,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    compression=None,
+    op=None,
+    gradient_predivide_factor=1.0,
+    process_set=None,
+    scale_local_gradients=True,
+    local_layers=None,
+):
+    """Wraps a Keras optimizer to average gradients over Horovod workers and
+    measure gradient statistics in the same step.
+
+    Works on Keras 3 (where ``horovod.tensorflow.keras`` no longer runs) and
+    on tf.keras 2.15, with the compiled ``model.fit`` train function. Only
+    Horovod's core collectives are used: one grouped allreduce per step
+    carries the gradients and the monitoring scalar together.
+
+    Args:
+        optimizer: a Keras optimizer instance (or a name such as ``"adam"``).
+            A new optimizer of the same class and config is returned; the
+            argument itself is not modified.
+        gradient_stats: measure |G|^2, tr(Sigma), the gradient noise scale and
+            the SNR each step (see :class:`keras_adapt.monitors.GradientStatistics`).
+            ``False`` makes the wrapper a plain allreduce and also disables
+            skipping of non-finite steps.
+        ema_decay: decay of the statistics' moving averages per optimizer
+            update, in (0, 1) (0.99: about the last 100 updates).
+        batch_size: per-worker batch size b, if fixed. By default
+            ``GradientStatsMonitor`` records it from the data every step.
+        skip_nonfinite: skip the update (on all ranks alike) when the averaged
+            gradient contains NaN or Inf, and count it in ``skipped_steps``.
+            Checked on every update (one fused pass over the local gradient);
+            ``False`` applies such an update, as Horovod does. Measurements
+            are checked either way: a non-finite one never enters the
+            statistics.
+        stats_interval: measure the statistics on one update in this many
+            (updates 0, N, 2N, ...), inside the graph; the other updates pay
+            only for a few scalar ops and one small tensor in the allreduce.
+            ``gradient_statistics.set_interval(n)`` changes it without
+            retracing. The moving averages (``ema_decay``) and the policies'
+            ``warmup_updates`` count optimizer updates, so N changes the cost
+            and the number of measurements behind the estimates, not when
+            policies decide. The default, 10, takes about half of the cost
+            of measuring every update on a small model; measured costs are
+            in docs/gradient_statistics.md (``benchmarks/monitor_overhead.py``).
+
+    Horovod's arguments, with Horovod's defaults and meaning (see
+    docs/horovod.md):
+
+    Args:
+        sparse_as_dense: send ``tf.IndexedSlices`` gradients (embeddings)
+            densely in the grouped allreduce. ``False`` (Horovod's default)
+            allgathers their rows and indices instead (extra collectives).
+        backward_passes_per_step: k > 1 accumulates k micro-batches' gradients
+            before one allreduce and update (the in-graph accumulation of
+            :class:`keras_adapt.actuators.GradientAccumulation`, whose k
+            policies may change later); as in Horovod ``iterations`` counts
+            every backward pass.
+        average_aggregated_gradients: with k > 1, apply the mean of the k
+            gradients (``True``) or their sum (``False``, Horovod's default).
+        compression: ``horovod.tensorflow.Compression.none`` or ``.fp16``.
+        op: ``horovod.tensorflow.Average`` (default) or ``Sum``.
+        gradient_predivide_factor: with ``op=Average``, scale by 1/f before
+            the sum and f/size after it.
+        process_set: a ``horovod.tensorflow.ProcessSet`` to reduce over.
+        scale_local_gradients: divide worker-local gradients by the number
+            of workers (Horovod's default) -- see :meth:`register_local_var`.
+        local_layers: layers whose trainable weights are worker-local
+            (Horovod's ``PartialDistributedOptimizer``).
+
+    Returns:
+        An optimizer of the same class as ``optimizer``, with the extra
+        attributes ``gradient_statistics`` and ``skipped_steps``.
+
+    Example:
+
+    >>> import keras
+    >>> import keras_adapt
+    >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer=opt, loss="mse")
+    >>> type(opt).__name__, opt.gradient_statistics is not None
+    ('SGD', True)
+    """
+    optimizer = _validate(optimizer, gradient_stats, skip_nonfinite)
+    # Validates ema_decay and batch_size before any class is made.
+    GradientStatistics.check_arguments(ema_decay, batch_size, stats_interval)
+    local_layers = _check_horovod_arguments(
+        sparse_as_dense, backward_passes_per_step, average_aggregated_gradients,
+        scale_local_gradients, local_layers)
+    _hvd.ensure_initialized()
+    # Validates op, compression, the predivide factor and the process set.
+    _hvd.Reduction(op, compression, gradient_predivide_factor, process_set)
+
+    settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
+                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite,
+                "stats_interval": stats_interval, "sparse_as_dense": sparse_as_dense,
+                "backward_passes_per_step": backward_passes_per_step,
+                "average_aggregated_gradients": average_aggregated_gradients,
+                "op": op, "compression": compression,
+                "gradient_predivide_factor": gradient_predivide_factor,
+                "process_set": process_set, "scale_local_gradients": scale_local_gradients,
+                "local_layers": local_layers}
+    return distributed_class(type(optimizer), settings).from_config(optimizer.get_config())
+
+
+def distributed_class_like(base, optimizer):
+    """The distributed class for the Keras optimizer class ``base`` with the
+    keras-adapt settings of the distributed ``optimizer``.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.optimizer import distributed_class_like
+    >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(), gradient_stats=False)
+    >>> adam = distributed_class_like(keras.optimizers.Adam, opt).from_config(keras.optimizers.Adam().get_config())
+    >>> type(adam).__name__, adam.gradient_statistics is None
+    ('Adam', True)
+    """
+    if not is_distributed(optimizer):
+        raise ValueError(f"optimizer must come from DistributedOptimizer, got {type(optimizer).__name__}")
+    return distributed_class(base, type(optimizer).adapt_settings)
+
+
+def is_distributed(optimizer):
+    """True if ``optimizer`` came from :func:`DistributedOptimizer`.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> keras_adapt.optimizer.is_distributed(keras.optimizers.SGD())
+    False
+    """
+    return isinstance(optimizer, DistributedCore)
+
+
+def require_distributed(model, who, statistics=False):
+    """``model``'s keras-adapt optimizer, or a clear error naming the fix.
+
+    With ``statistics=True`` the optimizer must also measure gradient
+    statistics. Used by every callback and actuator that needs one.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    >>> keras_adapt.optimizer.require_distributed(model, "demo") is model.optimizer
+    True
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not is_distributed(optimizer):
+        raise ValueError(
+            f"{who} needs a model compiled with keras_adapt.DistributedOptimizer(...); "
+            f"got optimizer {type(optimizer).__name__ if optimizer is not None else None}. "
+            "Compile with optimizer=keras_adapt.DistributedOptimizer(your_optimizer)."
+        )
+    if statistics and optimizer.gradient_statistics is None:
+        raise ValueError(
+            f"{who} reads the gradient statistics, but the optimizer was created "
+            "with gradient_stats=False; use keras_adapt.DistributedOptimizer(opt, "
+            "gradient_stats=True)"
+        )
+    return optimizer
