@@ -186,6 +186,14 @@ class SyncState:
         ops += [v.assign(tf.zeros_like(v)) for v in self.extra.get("block_velocity", ())]
         return ops
 
+    def synchronized_variables(self):
+        """``(weights, slots)``: the shared model variables and the optimizer
+        slot variables the strategies synchronise, known once the train
+        function was traced (else ``([], [])``)."""
+        if self._synced is None:
+            return [], []
+        return list(self._synced[0]), list(self._synced[1])
+
     # -- in-graph -------------------------------------------------------------
     def _make_extra(self, weights):
         if self.extra:

@@ -22,6 +22,7 @@ import os
 import time
 
 import numpy as np
+import tensorflow as tf
 
 import keras
 import keras_adapt
@@ -146,7 +147,7 @@ traces = [0]
 
 def loss(y_true, y_pred):
     traces[0] += 1  # runs once per trace of the train function
-    return keras.ops.mean(keras.ops.square(y_pred - y_true))
+    return tf.reduce_mean(tf.square(y_pred - y_true))
 
 
 class Record(keras.callbacks.Callback):
@@ -161,7 +162,7 @@ class Record(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.snapshots[batch] = (
             [np.asarray(w).tolist() for w in self.model.get_weights()],
-            [np.asarray(s).tolist() for s in self.opt._ka_slot_variables()])
+            [np.asarray(s).tolist() for s in self.opt.adapt_state.sync.synchronized_variables()[1]])
 
 
 def run(schedule, kind, lr, steps, declared):
