@@ -90,6 +90,38 @@ def test_collective_delay_variable_is_validated(monkeypatch):
     assert _hvd.collective_delay_ms() == 12.5
 
 
+def _one_worker_fit(sync_strategy, accumulation):
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    opt = keras_adapt.DistributedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9), stats_interval=3, batch_size=8,
+        backward_passes_per_step=accumulation, average_aggregated_gradients=True,
+        sync_strategy=sync_strategy)
+    model.compile(opt, "mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((96, 3)).astype(np.float32)
+    y = (x @ [[1.0], [-2.0], [0.5]] + 0.1 * rng.standard_normal((96, 1))).astype(np.float32)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights(), opt.gradient_statistics.result()
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_one_worker_local_strategies_equal_plain_training(accumulation):
+    """With one worker, averaging a single model changes nothing: LocalSGD and
+    ModelAveraging must give AllReduceSGD's weights and statistics exactly,
+    with and without accumulation (the local path applies the same gradient
+    and measures the same statistics)."""
+    plain_w, plain_stats = _one_worker_fit(None, accumulation)
+    assert plain_stats["updates"] > 0
+    for strategy in (LocalSGD(period=3), ModelAveraging(alpha=0.5)):
+        w, stats = _one_worker_fit([strategy, AllReduceSGD()], accumulation)
+        for a, b in zip(w, plain_w):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        for key in ("updates", "grad_sqr", "grad_var", "gns"):
+            assert stats[key] == pytest.approx(plain_stats[key], rel=1e-5), (strategy, key)
+
+
 # -- two workers --------------------------------------------------------------------
 @pytest.fixture(scope="module", params=controllers())
 def results(request, tmp_path_factory):
