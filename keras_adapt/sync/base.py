@@ -9,15 +9,16 @@ def _check_int(owner, name, value, minimum):
     return value
 
 
-def _check_float(owner, name, value, low, high, low_open=False):
+def _check_float(owner, name, value, low, high=None, low_open=False):
+    """``value`` as a float if ``low <= value`` (``<`` with ``low_open``) and
+    ``value <= high`` (no upper bound if ``high`` is None), else a clear error."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float))
     if ok:
-        ok = (low < value if low_open else low <= value) and value <= high
+        ok = (low < value if low_open else low <= value) and (high is None or value <= high)
     if not ok:
-        bound = "(" if low_open else "["
-        raise ValueError(
-            f"{owner}({name}={value!r}) is not valid; use a number in {bound}{low}, {high}]"
-        )
+        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}"
+        interval += "]" if high is not None else ")"
+        raise ValueError(f"{owner}({name}={value!r}) is not valid; use a number in {interval}")
     return float(value)
 
 

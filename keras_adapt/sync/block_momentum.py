@@ -39,7 +39,7 @@ class BlockMomentum(SyncStrategy):
 
     def __init__(self, period=8, block_lr=1.0, block_momentum=0.5, nesterov=True):
         self.period = _check_int("BlockMomentum", "period", period, 1)
-        self.block_lr = _check_float("BlockMomentum", "block_lr", block_lr, 0.0, 1e6,
+        self.block_lr = _check_float("BlockMomentum", "block_lr", block_lr, 0.0,
                                      low_open=True)
         self.block_momentum = _check_float("BlockMomentum", "block_momentum", block_momentum,
                                            0.0, 1.0)

@@ -36,7 +36,7 @@ class ElasticAveraging(SyncStrategy):
 
     def __init__(self, period=4, rho=1.0):
         self.period = _check_int("ElasticAveraging", "period", period, 1)
-        self.rho = _check_float("ElasticAveraging", "rho", rho, 0.0, 1e6, low_open=True)
+        self.rho = _check_float("ElasticAveraging", "rho", rho, 0.0, low_open=True)
 
     def params(self):
         return {"period": self.period, "rho": self.rho}

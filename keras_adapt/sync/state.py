@@ -266,6 +266,8 @@ def _run(op):
 
 
 def _mean_reduction(reduction):
+    """The reduction of the models' mean: an uncompressed average over the
+    gradients' process set, whatever ``op`` and compression the gradients use."""
     from keras_adapt import _hvd
 
-    return _hvd.Reduction(process_set=reduction.process_set if _hvd.hvd is not None else None)
+    return _hvd.Reduction(process_set=reduction.process_set)
