@@ -50,7 +50,7 @@ import statistics
 import time
 
 from _workers import parser as worker_parser
-from _workers import pin_worker, run_on_workers, write_result
+from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
 MODELS = ("mlp", "cnn")
 CONFIGS = ("baseline", "off", "on", "on_skip", "on_every", "on_twin")
@@ -246,14 +246,10 @@ def worker(args):
     kernel = {"params": 25_600_000, "tensors": len(sizes),
               "op_ms": timed(ops.squared_norms), "twin_ms": timed(ops.squared_norms_twin)}
 
-    import horovod
-
     result = {
-        "stack": "primary" if _keras.IS_KERAS3 else "legacy",
-        "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
+        **describe_stack(load_before),
         "stats_interval": DEFAULT_STATS_INTERVAL,
         "steps": args.steps,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "horovod_threads": len(horovod_threads),
         # per clock and round: the mean step time of each configuration
         "rounds_ms": {clock: {k: {c: [t[clock] * 1e3 for t in times[(k, c)]] for c in CONFIGS}

@@ -208,8 +208,9 @@ class DistributedCore:
 
         def update():
             n = tf.cast(count, tf.float32)
-            apply_update = apply_fn
-            if not acc.average:
+            if acc.average:
+                apply_update = apply_fn
+            else:
                 # Horovod's average_aggregated_gradients=False: the sum.
                 def apply_update(g):
                     return apply_fn([None if x is None else x * tf.cast(n, x.dtype) for x in g])
