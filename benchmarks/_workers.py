@@ -60,3 +60,20 @@ def write_result(out, rank, result):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def describe_stack(load_before):
+    """What every benchmark result records about where it ran: the stack,
+    the versions and the load average before and after (call it when the
+    measurements are done)."""
+    import horovod
+    import keras
+    import tensorflow as tf
+
+    from keras_adapt import _keras
+
+    return {
+        "stack": "primary" if _keras.IS_KERAS3 else "legacy",
+        "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }

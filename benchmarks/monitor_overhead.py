@@ -13,10 +13,10 @@ processes, interleaved in rounds of alternating order:
   optimizer subclass whose ``apply_gradients`` averages with
   ``hvd.grouped_allreduce``;
 * ``off``: ``keras_adapt.DistributedOptimizer(gradient_stats=False)``;
-* ``on``: with gradient statistics at the defaults (``stats_interval``, the
+* ``on``: with gradient statistics at the defaults (``stats_interval``, no
   non-finite check; the C++ op);
-* ``on_noskip``: as ``on`` with ``skip_nonfinite=False`` (no pass over the
-  local gradient on unmeasured updates), for reference;
+* ``on_skip``: as ``on`` with ``skip_nonfinite=True`` (a pass over the local
+  gradient and a guarded update on every update), for reference;
 * ``on_every``: with gradient statistics on every update (``stats_interval=1``);
 * ``on_twin``: as ``on_every`` with the pure-TF twin of the op.
 
@@ -29,8 +29,8 @@ ratios resolve small overheads that the wall ratios cannot. Horovod's
 background thread polls on a timer, so its CPU time grows with the wall time
 and carries the wall time's noise into ``cpu``; ``compute`` leaves it out (the
 work that differs between the configurations -- the graph -- runs on the
-compute threads; our one extra 12-byte tensor in the allreduce is the only
-difference on Horovod's side). Per round and configuration the mean over the round's
+compute threads; our one extra 12-byte tensor in the allreduce of measured
+updates is the only difference on Horovod's side). Per round and configuration the mean over the round's
 steps is taken (a mean, not a median: with ``stats_interval`` N only one
 step in N does the measurement), the ratio to the baseline is taken within
 the round (same machine state), then the median over rounds; ``spread_*``
@@ -38,7 +38,7 @@ gives the smallest and largest round ratio.
 
 Prints a table and one JSON line:
 ``{"bench": "monitor_overhead", "stack": ..., "stats_interval": ..., "ratio_off": ...,
-"ratio_on": ..., "ratio_on_noskip": ..., "ratio_on_every": ..., ...}`` where ``ratio_*`` are
+"ratio_on": ..., "ratio_on_skip": ..., "ratio_on_every": ..., ...}`` where ``ratio_*`` are
 compute-thread CPU-time ratios, ``cpu_ratio_*`` process CPU-time ratios and
 ``wall_ratio_*`` wall-time ones (ours / baseline, averaged over the two models
 within a round); op_vs_twin = on_every / on_twin (compute CPU).
@@ -50,10 +50,10 @@ import statistics
 import time
 
 from _workers import parser as worker_parser
-from _workers import pin_worker, run_on_workers, write_result
+from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
 MODELS = ("mlp", "cnn")
-CONFIGS = ("baseline", "off", "on", "on_noskip", "on_every", "on_twin")
+CONFIGS = ("baseline", "off", "on", "on_skip", "on_every", "on_twin")
 CLOCKS = ("compute", "cpu", "wall")
 
 
@@ -86,13 +86,13 @@ def report(result):
           f"{result['steps']} steps; load average before/after: {result['load']}; "
           f"{result['horovod_threads']} Horovod threads left out of 'compute'")
     print(f"{'clock':7s} {'model':6s} " + " ".join(f"{c:>10s}" for c in CONFIGS)
-          + "   off/base    on/base  noskip/b  every/base")
+          + "   off/base    on/base    skip/b  every/base")
     for clock in CLOCKS:
         for m in MODELS:
             row = med[clock][m]
             print(f"{clock:7s} {m:6s} " + " ".join(f"{row[c]:8.2f}ms" for c in CONFIGS)
                   + f"   {row['off'] / row['baseline']:8.3f}   {row['on'] / row['baseline']:8.3f}"
-                  f"   {row['on_noskip'] / row['baseline']:8.3f}   {row['on_every'] / row['baseline']:8.3f}")
+                  f"   {row['on_skip'] / row['baseline']:8.3f}   {row['on_every'] / row['baseline']:8.3f}")
     print("per-round ratios to baseline (mean of the two models), median [min, max]:")
     for clock in CLOCKS:
         for c in CONFIGS[1:]:
@@ -104,7 +104,7 @@ def report(result):
     line = {"bench": "monitor_overhead", "stack": result["stack"],
             "stats_interval": result["stats_interval"], "rounds": n_rounds}
     for prefix, clock in (("", "compute"), ("cpu_", "cpu"), ("wall_", "wall")):
-        for c in ("off", "on", "on_noskip", "on_every"):
+        for c in ("off", "on", "on_skip", "on_every"):
             line[f"{prefix}ratio_{c}"] = ratio(clock, c, "baseline")
             line[f"{prefix}spread_{c}"] = spread(clock, c, "baseline")
     line["op_vs_twin"] = ratio("compute", "on_every", "on_twin")
@@ -199,10 +199,10 @@ def worker(args):
             if config == "baseline":
                 opt = baseline_optimizer()
             else:
-                interval = DEFAULT_STATS_INTERVAL if config in ("on", "on_noskip") else 1
+                interval = DEFAULT_STATS_INTERVAL if config in ("on", "on_skip") else 1
                 opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9),
                                                        gradient_stats=config != "off",
-                                                       skip_nonfinite=config != "on_noskip",
+                                                       skip_nonfinite=config == "on_skip",
                                                        stats_interval=interval)
             model.compile(opt, "sparse_categorical_crossentropy")
             rng = np.random.default_rng(rank)
@@ -246,14 +246,10 @@ def worker(args):
     kernel = {"params": 25_600_000, "tensors": len(sizes),
               "op_ms": timed(ops.squared_norms), "twin_ms": timed(ops.squared_norms_twin)}
 
-    import horovod
-
     result = {
-        "stack": "primary" if _keras.IS_KERAS3 else "legacy",
-        "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
+        **describe_stack(load_before),
         "stats_interval": DEFAULT_STATS_INTERVAL,
         "steps": args.steps,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "horovod_threads": len(horovod_threads),
         # per clock and round: the mean step time of each configuration
         "rounds_ms": {clock: {k: {c: [t[clock] * 1e3 for t in times[(k, c)]] for c in CONFIGS}

@@ -48,7 +48,7 @@ import statistics
 import time
 
 from _workers import parser as worker_parser
-from _workers import pin_worker, run_on_workers, write_result
+from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
 from keras_adapt.perf_model import ThroughputModel
 
@@ -204,14 +204,11 @@ def report(jobs):
 def worker(args):
     pin_worker()
     import numpy as np
-    import tensorflow as tf
 
-    import horovod
     import horovod.tensorflow as hvd
     import keras
 
     import keras_adapt
-    from keras_adapt import _keras
 
     hvd.init()
     rank = hvd.rank()
@@ -263,10 +260,8 @@ def worker(args):
                            "update_seconds": timer.seconds()})
 
     result = {
-        "stack": "primary" if _keras.IS_KERAS3 else "legacy",
-        "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
+        **describe_stack(load_before),
         "workers": hvd.size(), "batches": batches, "rounds": args.rounds, "updates": args.updates,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "visits": visits,
     }
     write_result(args.out, rank, result)

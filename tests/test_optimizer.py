@@ -36,12 +36,12 @@ def test_copy_from_config_is_a_complete_distributed_optimizer():
     # Keras copies optimizers this way (clone_model, saving); the copy must
     # train, with the same keras-adapt settings and a state of its own.
     opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05), ema_decay=0.9,
-                                           skip_nonfinite=False, stats_interval=1)
+                                           skip_nonfinite=True, stats_interval=1)
     copy = type(opt).from_config(opt.get_config())
     assert is_distributed(copy) and copy.adapt_state is not opt.adapt_state
     assert copy.gradient_statistics.ema_decay == pytest.approx(0.9)
     assert int(copy.gradient_statistics.interval.numpy()) == 1
-    assert copy.adapt_state.skip_nonfinite is False
+    assert copy.adapt_state.skip_nonfinite is True  # not the default: carried over
     assert "ema_decay" not in copy.get_config()  # a saved model records a plain SGD
     x, y = _data()
     model = _mlp()
@@ -281,7 +281,7 @@ def test_monitoring_on_and_off_give_the_same_trajectory():
 
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
 def test_nan_gradient_is_skipped_counted_and_training_continues():
-    model, opt, _ = _train(True, epochs=1, nan_batch=3)
+    model, opt, _ = _train(True, epochs=1, nan_batch=3, skip_nonfinite=True)
     stats = opt.gradient_statistics.result()
     assert int(opt.skipped_steps.numpy()) == 1
     assert stats["nonfinite"] == 1
@@ -291,10 +291,10 @@ def test_nan_gradient_is_skipped_counted_and_training_continues():
 
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
 def test_without_skip_nonfinite_a_nan_gradient_is_applied_as_in_horovod_but_not_measured():
-    # skip_nonfinite=False: the update goes through (the weights turn NaN, as
+    # skip_nonfinite=False (the default): the update goes through (the weights turn NaN, as
     # with hvd.DistributedOptimizer), the measurement of that update is
     # refused and counted, and nothing is counted as skipped.
-    model, opt, _ = _train(True, epochs=1, nan_batch=3, skip_nonfinite=False)
+    model, opt, _ = _train(True, epochs=1, nan_batch=3)
     assert opt.adapt_state.skip_nonfinite is False
     assert int(opt.skipped_steps.numpy()) == 0
     assert int(opt.iterations.numpy()) == 256 // 32
@@ -306,7 +306,7 @@ def test_without_skip_nonfinite_a_nan_gradient_is_applied_as_in_horovod_but_not_
 def test_nan_gradient_on_an_unmeasured_update_is_skipped_too():
     # at stats_interval=10 update 3 is not measured; the non-finite check
     # runs on every update all the same
-    model, opt, _ = _train(True, epochs=1, nan_batch=3, stats_interval=10)
+    model, opt, _ = _train(True, epochs=1, nan_batch=3, stats_interval=10, skip_nonfinite=True)
     assert int(opt.skipped_steps.numpy()) == 1
     assert opt.gradient_statistics.result()["nonfinite"] == 0  # no measurement saw it
     assert int(opt.iterations.numpy()) == 256 // 32 - 1

@@ -1,23 +1,29 @@
 """The order of one distributed optimizer update (framework-neutral).
 
-Per optimizer update, inside the compiled train function:
+Per optimizer update, inside the compiled train function, by default
+(``skip_nonfinite=False``):
 
-1. local squared norm |g_i|^2 of this worker's gradient (one fused op; also
-   the non-finite check);
-2. one grouped allreduce that averages the gradients *and* this worker's
-   measurement (|g_i|^2, 1/b_i, b_i: one 3-element tensor, on every update);
-3. on a measured update (one in ``stats_interval``, a branch every rank takes
-   alike): the statistics (:mod:`keras_adapt.optimizer.statistics`);
-4. the optimizer update, skipped (and counted) if the averaged gradient is
-   not finite -- on every rank alike, since the check reads allreduced values.
+1. on a measured update (one in ``stats_interval``; every rank decides
+   alike from the update count), one grouped allreduce averages the
+   gradients *and* this worker's measurement (|g_i|^2 from one fused op,
+   1/b_i, b_i: a 3-element tensor), then the statistics are folded in
+   (:mod:`keras_adapt.optimizer.statistics`); on the other updates the
+   grouped allreduce carries the gradients alone, as plain Horovod;
+2. the optimizer update.
+
+With ``skip_nonfinite=True`` the local squared norm is taken and carried on
+every update, and the update is skipped (and counted) when the averaged
+norm is not finite -- on every rank alike, since the check reads
+allreduced values.
 
 With accumulation (:mod:`keras_adapt.optimizer.accumulation`) the micro-steps
-add up locally and only the micro-step that completes an update runs 2-4.
+add up locally and only the micro-step that completes an update reduces and
+applies.
 
 When a local synchronisation strategy was declared (:mod:`keras_adapt.sync`),
 :meth:`DistributedCore._ka_synchronized_update` is the one place where the
-update dispatches on the strategy in use: AllReduceSGD runs 1-4 above, the
-local strategies apply this worker's own gradient
+update dispatches on the strategy in use: AllReduceSGD runs the steps above,
+the local strategies apply this worker's own gradient
 (:meth:`DistributedCore._ka_local_apply`) and then synchronise the models.
 """
 
@@ -28,8 +34,7 @@ from keras_adapt.optimizer import statistics
 from keras_adapt.optimizer.accumulation import AccumulationState
 from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables
 from keras_adapt.sync import SyncState
-from keras_adapt import _hvd
-from keras_adapt import ops
+from keras_adapt import _hvd, ops
 
 
 def _check_not_xla():
@@ -87,7 +92,7 @@ class DistributedCore:
     """
 
     adapt_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
-                      "skip_nonfinite": True, "stats_interval": statistics.DEFAULT_STATS_INTERVAL,
+                      "skip_nonfinite": False, "stats_interval": statistics.DEFAULT_STATS_INTERVAL,
                       "sparse_as_dense": False,
                       "backward_passes_per_step": 1, "average_aggregated_gradients": False,
                       "op": None, "compression": None, "gradient_predivide_factor": 1.0,
@@ -204,14 +209,16 @@ class DistributedCore:
         if stats is not None and shared:
             # The update these micro-steps make up keeps its index until it applies.
             acc.add_measurement(
-                statistics.local_squared_norm(state, shared, tf.cast(self.iterations, tf.int64)),
+                statistics.local_squared_norm(state, shared, tf.cast(self.iterations, tf.int64),
+                                              state.reduction.size()),
                 stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
         count = acc.add(grads)
 
         def update():
             n = tf.cast(count, tf.float32)
-            apply_update = apply_fn
-            if not acc.average:
+            if acc.average:
+                apply_update = apply_fn
+            else:
                 # Horovod's average_aggregated_gradients=False: the sum.
                 def apply_update(g):
                     return apply_fn([None if x is None else x * tf.cast(n, x.dtype) for x in g])
@@ -271,41 +278,66 @@ class DistributedCore:
             return tf.constant(True)
 
         update_index = tf.cast(self.iterations, tf.int64)
-        if local_sqr is None:
-            local_sqr = statistics.local_squared_norm(state, [_dense(g) for g in local],
-                                                      update_index)
-            inv_batch = stats.inverse_batch_size()
-            samples = tf.cast(stats.batch_size, tf.float32)
-        # This worker's measurement rides in the gradients' grouped allreduce
-        # on every update (the one collective must match on every rank).
-        reduced = state.reduction.allreduce(local, [tf.stack([local_sqr, inv_batch, samples])])
-        averaged = tuple(tf.unstack(reduced[-1]))
-        reduced = reduced[:-1]
+        measured = stats.due(update_index)
         m = tf.cast(num_workers, tf.int64)
         if micro_steps is not None:
             m = m * micro_steps
 
-        def mean():
-            # Made inside each branch that reads it: under op=Sum it costs a division.
-            return _mean_view(reduced, state.reduction, num_workers)
+        def reduce_with_measurement():
+            # This worker's measurement (|g_i|^2, 1/b, b) rides in the
+            # gradients' grouped allreduce: no extra collective.
+            if local_sqr is None:
+                own = (ops.squared_norms([_dense(g) for g in local])[1],
+                       stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
+            else:
+                own = (local_sqr, inv_batch, samples)
+            reduced = state.reduction.allreduce(local, [tf.stack(own)])
+            return reduced[:-1], tuple(tf.unstack(reduced[-1])), own
 
-        def measure():
-            # Every rank takes this branch at the same update (same count, same
-            # interval), and it holds no collective.
-            return statistics.measure(state, mean(), averaged, (local_sqr, inv_batch), m,
-                                      num_workers, update_index)
+        def fold_in(reduced, averaged, own, when):
+            """The statistics of this update when ``when`` (True, or a bool
+            tensor every rank computes alike; the branch holds no collective);
+            one worker also keeps the gradient for the next update's pair.
+            Returns the ops to wait for."""
+            def mean():
+                # Made inside each branch that reads it: under op=Sum it costs a division.
+                return _mean_view(reduced, state.reduction, num_workers)
 
-        deps = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
-        if num_workers == 1:
-            with tf.control_dependencies(deps):  # the pair reads before this overwrites
-                deps.append(statistics.remember_if_next_measured(
-                    state, mean(), local_sqr, inv_batch, update_index))
+            def measure():
+                return statistics.measure(state, mean(), averaged, own[:2], m, num_workers,
+                                          update_index)
 
-        averaged_grads = with_averaged(reduced)
+            deps = [measure() if when is True else
+                    tf.cond(when, measure, lambda: tf.constant(False))]
+            if num_workers == 1:
+                with tf.control_dependencies(deps):  # the pair reads before this overwrites
+                    deps.append(statistics.remember_if_next_measured(
+                        state, mean(), own[0], own[1], update_index))
+            return deps
+
         if not state.skip_nonfinite:
-            with tf.control_dependencies(deps):
-                apply(averaged_grads)
-                return tf.constant(True)
+            # Only the updates that are measured (and, for one worker, the
+            # updates before them) carry the measurement; the others reduce
+            # the gradients alone, as plain Horovod does. Every rank reads
+            # the same update count and interval, so all take the same branch
+            # and the collective inside it matches.
+            carry = statistics.needs_measurement(stats, update_index, num_workers)
+
+            def carrying():
+                reduced, averaged, own = reduce_with_measurement()
+                deps = fold_in(reduced, averaged, own, True if num_workers >= 2 else measured)
+                with tf.control_dependencies(deps):
+                    return [tf.identity(r) for r in reduced]
+
+            reduced = tf.cond(carry, carrying, lambda: state.reduction.allreduce(local))
+            apply(with_averaged(reduced))
+            return tf.constant(True)
+
+        # skip_nonfinite: the local squared norm is also the non-finite check,
+        # so it is taken, and carried, on every update.
+        reduced, averaged, own = reduce_with_measurement()
+        deps = fold_in(reduced, averaged, own, measured)
+        averaged_grads = with_averaged(reduced)
 
         def apply_branch():
             apply(averaged_grads)
@@ -354,7 +386,8 @@ class DistributedCore:
         (skipped on this worker alone if it is not finite). On measured
         updates (one in ``stats_interval``, all ranks alike) the gradients and
         the measurement also go through the allreduce, for the statistics
-        only: the statistics stay exact, for one gradient allreduce per
+        only (computed as under AllReduceSGD: exact where the workers' models
+        agree, see docs/sync_strategies.md), for one gradient allreduce per
         ``stats_interval`` updates. Arguments as :meth:`_ka_reduce_and_apply`."""
         state = self._adapt_state
         stats = state.statistics
@@ -369,33 +402,39 @@ class DistributedCore:
                 if g is not None and worker_local[i]:
                     out[i] = _scaled(g, 1.0 / num_workers)
         update_index = tf.cast(self.iterations, tf.int64)
+        if local_sqr is None and state.skip_nonfinite and local:
+            # The non-finite check of this worker's own gradient, every update.
+            local_sqr = ops.squared_norms([_dense(g) for g in local])[1]
         deps = []
         if stats is not None and local:
-            if local_sqr is None:
-                local_sqr = statistics.local_squared_norm(state, [_dense(g) for g in local],
-                                                          update_index)
-                inv_batch = stats.inverse_batch_size()
-                samples = tf.cast(stats.batch_size, tf.float32)
             m = tf.cast(num_workers, tf.int64)
             if micro_steps is not None:
                 m = m * micro_steps
 
-            def measure():
+            def measure_only():
                 # The one collective of this branch; every rank takes it alike.
-                reduced = state.reduction.allreduce(
-                    local, [tf.stack([local_sqr, inv_batch, samples])])
-                return statistics.measure(
-                    state, _mean_view(reduced[:-1], state.reduction, num_workers),
-                    tuple(tf.unstack(reduced[-1])), (local_sqr, inv_batch), m, num_workers,
-                    update_index)
+                if local_sqr is None:
+                    own = (ops.squared_norms([_dense(g) for g in local])[1],
+                           stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
+                else:
+                    own = (local_sqr, inv_batch, samples)
+                reduced = state.reduction.allreduce(local, [tf.stack(own)])
+                mean = _mean_view(reduced[:-1], state.reduction, num_workers)
 
-            deps.append(tf.cond(stats.due(update_index), measure, lambda: tf.constant(False)))
-            if num_workers == 1:
-                with tf.control_dependencies(deps):
-                    deps.append(statistics.remember_if_next_measured(
-                        state, [_dense(g) for g in local], local_sqr, inv_batch, update_index))
-        elif state.skip_nonfinite and local:
-            local_sqr = ops.squared_norms([_dense(g) for g in local])[1]
+                def measure():
+                    return statistics.measure(state, mean, tuple(tf.unstack(reduced[-1])),
+                                              own[:2], m, num_workers, update_index)
+
+                done = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
+                if num_workers == 1:
+                    with tf.control_dependencies(done):  # the pair reads before this overwrites
+                        done.append(statistics.remember_if_next_measured(
+                            state, mean, own[0], own[1], update_index))
+                with tf.control_dependencies(done):
+                    return tf.constant(True)
+
+            deps.append(tf.cond(statistics.needs_measurement(stats, update_index, num_workers),
+                                measure_only, lambda: tf.constant(False)))
 
         def apply_branch():
             apply_fn(out)

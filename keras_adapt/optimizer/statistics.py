@@ -14,7 +14,6 @@ update in ``stats_interval`` by every rank alike and holds no collective.
 
 import tensorflow as tf
 
-from keras_adapt import _hvd
 from keras_adapt import ops
 
 #: Default ``stats_interval``: the statistics are measured on one update in this many.
@@ -52,18 +51,26 @@ def _previous(state, grads):
     return state.previous
 
 
-def local_squared_norm(state, local, update_index):
-    """This worker's squared gradient norm |g_i|^2 where it is needed: on
-    every update with ``skip_nonfinite`` (it is the non-finite check), else
-    on measured updates and, for one worker, on the update before (0 on the
-    others, where nothing reads it)."""
+def needs_measurement(stats, update_index, num_workers):
+    """Whether update ``update_index`` needs this worker's measurement: a
+    measured update and, for one worker, the update before one (its
+    gradient is the other half of the pair). A bool tensor every rank
+    computes alike."""
+    need = stats.due(update_index)
+    if num_workers == 1:
+        need = need | stats.due(update_index + 1)
+    return need
+
+
+def local_squared_norm(state, local, update_index, num_workers):
+    """This worker's squared gradient norm |g_i|^2 of an accumulated
+    micro-step, where it is needed: on every update with ``skip_nonfinite``
+    (it is the non-finite check), else where :func:`needs_measurement`
+    (0 on the others, where nothing reads it)."""
     if state.skip_nonfinite:
         return ops.squared_norms(local)[1]
-    stats = state.statistics
-    need = stats.due(update_index)
-    if _hvd.size() == 1:
-        need = need | stats.due(update_index + 1)
-    return tf.cond(need, lambda: ops.squared_norms(local)[1], lambda: tf.constant(0.0))
+    return tf.cond(needs_measurement(state.statistics, update_index, num_workers),
+                   lambda: ops.squared_norms(local)[1], lambda: tf.constant(0.0))
 
 
 def measure(state, mean, averaged, local, num_gradients, num_workers, update_index):
