@@ -148,6 +148,20 @@ def local_rank():
     return 0 if hvd is None else hvd.local_rank()
 
 
+def cross_rank():
+    """The index of this worker's machine among the machines of the job, as
+    seen by the workers with the same ``local_rank`` (0 without Horovod).
+
+    Example:
+
+    >>> from keras_adapt import _hvd
+    >>> _hvd.cross_rank() >= 0
+    True
+    """
+    ensure_initialized()
+    return 0 if hvd is None else hvd.cross_rank()
+
+
 def _op_name(op):
     if hvd is not None:
         for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product"):

@@ -38,11 +38,13 @@ import struct
 
 from keras_adapt.record import metadata, reader
 
-__all__ = ["RunData", "build_figure", "load_runs", "plot_runs", "png_size", "tick_label",
-           "write_report"]
+__all__ = ["RunData", "build_figure", "has_system_series", "load_runs", "plot_runs", "png_size",
+           "tick_label", "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
 WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
+#: Extra height of a run that has host metrics (SystemMonitor): one more row.
+SYSTEM_ROW_IN = 3.0
 
 #: One colour per declared event kind, the same as the Adapt tab's
 #: (``static/index.js``); other kinds are grey.
@@ -216,6 +218,38 @@ def _step_time_lines(series):
             for i, t in enumerate(tags)]
 
 
+def _system_lines(series, metrics):
+    """``(label, points, colour, step)`` per host and metric of the system series."""
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
+    found = sorted((metadata.parse_system_tag(t), t) for t in series
+                   if metadata.parse_system_tag(t) is not None)
+    hosts = sorted({host for (host, _), _ in found})
+    lines = []
+    for (host, metric), t in found:
+        if metric in metrics:
+            label = f"host {host}" + (f" {metrics[metric]}" if metrics[metric] else "")
+            color = palette[(hosts.index(host) * len(metrics) + list(metrics).index(metric))
+                            % len(palette)]
+            lines.append((label, series[t], color, False))
+    return lines
+
+
+def has_system_series(run):
+    """True if ``run`` holds host metrics (``adapt/system/...``, from SystemMonitor).
+
+    Example:
+
+    >>> from keras_adapt.report import RunData, has_system_series
+    >>> has_system_series(RunData("a", {"adapt/system/host_0/cpu_percent": [(0, 0.0, 5.0)]}, []))
+    True
+    """
+    return any(metadata.parse_system_tag(t) is not None for t in run.series)
+
+
+def _run_height(run):
+    return RUN_HEIGHT_IN + (SYSTEM_ROW_IN if has_system_series(run) else 0.0)
+
+
 def build_figure(runs, dpi=DPI):
     """The report's matplotlib ``Figure``: one block of six panels per run.
 
@@ -223,8 +257,10 @@ def build_figure(runs, dpi=DPI):
     and workers (step lines; workers with integer ticks), throughput,
     per-worker step times, and the event kinds' legend; a dashed vertical
     line marks every event. Tick labels are plain numbers (integers as
-    integers). The figure is ``WIDTH_IN * dpi`` pixels wide and
-    ``RUN_HEIGHT_IN * dpi`` high per run.
+    integers). A run with host metrics (``SystemMonitor``) gets a third row:
+    CPU and GPU use, memory, network traffic, one line per host. The figure
+    is ``WIDTH_IN * dpi`` pixels wide and ``RUN_HEIGHT_IN * dpi`` high per
+    run, plus ``SYSTEM_ROW_IN * dpi`` per run with host metrics.
 
     Example:
 
@@ -242,14 +278,17 @@ def build_figure(runs, dpi=DPI):
 
     if not runs:
         raise ValueError("runs is empty; there is nothing to draw")
-    fig = Figure(figsize=(WIDTH_IN, RUN_HEIGHT_IN * len(runs)), dpi=dpi)
+    heights = [_run_height(run) for run in runs]
+    fig = Figure(figsize=(WIDTH_IN, sum(heights)), dpi=dpi)
     FigureCanvasAgg(fig)
-    subfigs = fig.subfigures(len(runs), 1, squeeze=False)[:, 0]
+    subfigs = fig.subfigures(len(runs), 1, squeeze=False, height_ratios=heights)[:, 0]
     tag = metadata.SCALAR_TAGS
     for sub, run in zip(subfigs, runs):
         s, ev = run.series, run.events
         sub.suptitle(_mpl_text(f"run: {run.name}   ({len(ev)} events)"), fontsize=12)
-        axes = sub.subplots(2, 3)
+        system = has_system_series(run)
+        axes = sub.subplots(3 if system else 2, 3,
+                            height_ratios=[1, 1, SYSTEM_ROW_IN / (RUN_HEIGHT_IN / 2)] if system else None)
         _panel(axes[0, 0], "noise scale and global batch size", [
             ("noise scale (B_simple)", s.get(tag["gns"], []), "#6a1b9a", False),
             ("global batch size", s.get(tag["batch_size"], []), "#00897b", True),
@@ -271,6 +310,13 @@ def build_figure(runs, dpi=DPI):
         else:
             legend_ax.text(0.5, 0.5, "no adaptation events", ha="center", va="center",
                            color="#9e9e9e")
+        if system:
+            _panel(axes[2, 0], "system: CPU and GPU use (%)",
+                   _system_lines(s, {"cpu_percent": "CPU", "gpu_percent": "GPU"}), ev)
+            _panel(axes[2, 1], "system: memory use (%)",
+                   _system_lines(s, {"memory_percent": "", "gpu_memory_percent": "GPU"}), ev)
+            _panel(axes[2, 2], "system: network (MB/s)",
+                   _system_lines(s, {"net_in_mb_s": "in", "net_out_mb_s": "out"}), ev)
         sub.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.09, hspace=0.45, wspace=0.25)
     return fig
 

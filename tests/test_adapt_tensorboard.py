@@ -215,6 +215,19 @@ def test_two_workers_shared_series_from_rank0_step_times_from_both(tmp_path):
     gns = values(series, T["gns"])
     assert gns[24] == pytest.approx(results[0]["gns"][0], rel=1e-6)
     assert results[0]["gns"] == results[1]["gns"]
+    # SystemMonitor: one host, sampled by its local rank 0 and gathered, so
+    # both ranks log the same values; rank 0's file holds them as series.
+    system = results[0]["system"]
+    assert system == results[1]["system"]
+    host0 = {metadata.system_key(0, m) for m in ("cpu_percent", "memory_percent",
+                                                 "net_in_mb_s", "net_out_mb_s")}
+    assert set(system) == host0  # no second host, no GPU
+    assert all(0.0 <= v <= 100.0 for k in host0 if "percent" in k for v in system[k])
+    for key in host0:
+        written = values(series, metadata.TAG_PREFIX + key)
+        assert sorted(written) == expected_steps, key
+        # what AdaptTensorBoard wrote at the epoch's last step is that epoch's logged value
+        assert written[24] == pytest.approx(system[key][0], rel=1e-6)
     # Each rank emitted the same events (two at each epoch end); they are
     # recorded once, all of them, with both of TensorBoard's loaders.
     assert [(e["kind"], e["step"], e["rank"]) for e in evs] == [

@@ -58,7 +58,7 @@ def _train(log_dir):
     import keras
     import keras_adapt
     from keras_adapt import events
-    from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
+    from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor, SystemMonitor
 
     def emit(model, kind, epoch, before, after):
         events.emit(kind, step=int(model.optimizer.iterations.numpy()), epoch=epoch,
@@ -91,7 +91,8 @@ def _train(log_dir):
                               keras.layers.Dense(1)])
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
     model.fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, callbacks=[
-        Decide(), GradientStatsMonitor(interval=3), AdaptTensorBoard(log_dir, update_freq=3),
+        Decide(), GradientStatsMonitor(interval=3), SystemMonitor(interval=3),
+        AdaptTensorBoard(log_dir, update_freq=3),
         Late()])
 
 
@@ -182,6 +183,22 @@ def _jsonl(logdir):
     return sorted(events.read_events(str(logdir / "train")), key=lambda e: (e["step"], e["wall_time"]))
 
 
+def _tfevents_scalars(run_dir):
+    """Every scalar point in a run's event files, read with TensorFlow: {tag: [(step, value)]}."""
+    import glob
+
+    import tensorflow as tf
+
+    out = {}
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                if v.tag.startswith("adapt/system/"):
+                    value = float(tf.make_ndarray(v.tensor))
+                    out.setdefault(v.tag, []).append((event.step, value))
+    return out
+
+
 def _fields(event):
     from keras_adapt.record import metadata
 
@@ -204,6 +221,14 @@ def test_events_route_equals_the_jsonl_with_both_loaders(run_logdir, tensorboard
     # TensorBoard's own Scalars tab lists the adapt/* series.
     tags = _get(tensorboard_url + "/data/plugin/scalars/tags")["train"]
     assert {"adapt/gns", "adapt/batch_size", "adapt/lr", "adapt/workers"} <= set(tags)
+    # SystemMonitor's host metrics: the route serves what the event files hold.
+    written = _tfevents_scalars(run_logdir / "train")
+    for metric in ("cpu_percent", "memory_percent", "net_in_mb_s", "net_out_mb_s"):
+        tag = f"adapt/system/host_0/{metric}"
+        assert tag in tags and len(written[tag]) >= EPOCHS, (tag, written.get(tag))
+        got = _get(tensorboard_url + f"/data/plugin/adapt/scalars?run=train&tag={tag}")["series"][tag]
+        assert [(p[0], round(p[2], 4)) for p in got] == [(s, round(v, 4)) for s, v in written[tag]]
+    assert not any("gpu" in t for t in written)  # no GPU here: no GPU series
 
 
 def _adapt_frame(page, timeout=60):
@@ -249,6 +274,13 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
             for chart in ("noise", "lr", "workers", "throughput", "step_time"):
                 assert frame.locator(f'svg[data-chart="{chart}"] path.adapt-series').count() >= 1, chart
                 assert frame.locator(f'svg[data-chart="{chart}"] .adapt-marker').count() == n, chart
+            # The System section: one chart per host metric the run recorded
+            # (no GPU on this machine), one line per host.
+            for metric in ("cpu_percent", "memory_percent", "net_in_mb_s", "net_out_mb_s"):
+                chart = frame.locator(f'svg[data-chart="system_{metric}"]')
+                assert chart.locator("path.adapt-series").count() == 1, metric
+                assert chart.locator(".adapt-marker").count() == n, metric
+            assert frame.locator('svg[data-chart^="system_gpu"]').count() == 0
             markers = frame.locator('svg[data-chart="noise"] .adapt-marker')
             assert [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute("data-kind"))
                     for i in range(n)] == [(e["step"], e["kind"]) for e in expected]

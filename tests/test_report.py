@@ -149,3 +149,34 @@ def test_kind_colours_match_the_tab_and_the_declared_kinds():
     assert tab == report.KIND_COLORS
     assert sorted(tab) == sorted(metadata.EVENT_KINDS)
     assert report.UNKNOWN_COLOR in js
+
+
+def test_a_run_with_host_metrics_gets_a_system_row_with_one_line_per_host_and_metric(tmp_path):
+    # Two hosts' CPU, memory and network series, as SystemMonitor logs them
+    # and AdaptTensorBoard writes them; the report draws exactly those points.
+    series = {metadata.SCALAR_TAGS["gns"]: [(s, 0.0, 10.0 + s) for s in range(0, 30, 10)]}
+    for host in (0, 1):
+        for i, metric in enumerate(("cpu_percent", "memory_percent", "net_in_mb_s", "net_out_mb_s")):
+            series[metadata.system_tag(host, metric)] = [
+                (s, 0.0, float(10 * host + i + s / 10)) for s in range(0, 30, 10)]
+    run = report.RunData("sys", series, [])
+    assert report.has_system_series(run)
+    fig = report.build_figure([run])
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    for title, expected in (
+            ("system: CPU and GPU use (%)", {"host 0 CPU": "cpu_percent", "host 1 CPU": "cpu_percent"}),
+            ("system: memory use (%)", {"host 0": "memory_percent", "host 1": "memory_percent"}),
+            ("system: network (MB/s)", {"host 0 in": "net_in_mb_s", "host 0 out": "net_out_mb_s",
+                                        "host 1 in": "net_in_mb_s", "host 1 out": "net_out_mb_s"})):
+        lines = {line.get_label(): line for line in axes[title].get_lines()
+                 if not line.get_label().startswith("_")}
+        assert set(lines) == set(expected), (title, set(lines))
+        for label, metric in expected.items():
+            host = int(label.split()[1])
+            truth = series[metadata.system_tag(host, metric)]
+            assert list(lines[label].get_ydata()) == [v for _, _, v in truth], label
+    out = str(tmp_path / "sys.png")
+    report.plot_runs([run, report.RunData("plain", {metadata.SCALAR_TAGS["gns"]: series[
+        metadata.SCALAR_TAGS["gns"]]}, [])], out)
+    assert report.png_size(out) == (int(report.WIDTH_IN * report.DPI), int(
+        (2 * report.RUN_HEIGHT_IN + report.SYSTEM_ROW_IN) * report.DPI))

@@ -10,6 +10,7 @@ from keras_adapt.callbacks.gradient_stats_monitor import LOG_KEYS, GradientStats
 from keras_adapt.callbacks.learning_rate_schedule import LearningRateScheduleCallback
 from keras_adapt.callbacks.learning_rate_warmup import LearningRateWarmupCallback
 from keras_adapt.callbacks.metric_average import MetricAverageCallback
+from keras_adapt.callbacks.system_monitor import SystemMonitor
 
 __all__ = [
     "AdaptTensorBoard",
@@ -20,5 +21,6 @@ __all__ = [
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
+    "SystemMonitor",
     "broadcast_variables",
 ]

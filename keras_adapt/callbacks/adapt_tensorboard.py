@@ -91,6 +91,8 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       tracing); one allgather of one number per worker every
       ``update_freq`` steps, at the same step on every rank, brings them
       to rank 0.
+    - ``adapt/system/host_<h>/<metric>``: every ``system/...`` value in the
+      logs (``SystemMonitor``'s host metrics; put that callback first).
     - every adaptation event (``keras_adapt.events.emit``) while training
       runs, under ``adapt/events``: all events of one step in one datum,
       written again with all of them when more arrive for that step (e.g.
@@ -258,6 +260,11 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             v = _to_float(logs[key])
             if v is not None:
                 values[key] = v
+        for key, value in (logs or {}).items():
+            if metadata.parse_system_tag(key) is not None:  # SystemMonitor's host metrics
+                v = _to_float(value)
+                if v is not None:
+                    values[metadata.TAG_PREFIX + key] = v
         if "lr" not in values:
             lr = current_learning_rate(optimizer)
             if lr is not None:

@@ -48,7 +48,8 @@ import time
 
 __all__ = [
     "content_version", "create_summary_metadata", "event_to_json", "latest_datums",
-    "make_event", "parse_event_line", "step_time_tag",
+    "make_event", "parse_event_line", "parse_system_tag", "step_time_tag", "system_key",
+    "system_tag",
 ]
 
 PLUGIN_NAME = "adapt"
@@ -67,6 +68,19 @@ SCALAR_TAGS = {
                 "grad_sqr", "grad_var", "grad_snr")
 }
 STEP_TIME_TAG_PREFIX = TAG_PREFIX + "step_time/rank_"
+#: Host metrics of ``SystemMonitor``, each with its unit: the logs key of
+#: host h's metric m is ``system/host_<h>/<m>`` (:func:`system_key`) and its
+#: tag ``adapt/system/host_<h>/<m>`` (:func:`system_tag`).
+SYSTEM_METRICS = {
+    "cpu_percent": "% of all cores",
+    "memory_percent": "% of memory",
+    "net_in_mb_s": "MB/s",
+    "net_out_mb_s": "MB/s",
+    "gpu_percent": "% (mean over GPUs)",
+    "gpu_memory_percent": "% (mean over GPUs)",
+}
+SYSTEM_KEY_PREFIX = "system/host_"
+SYSTEM_TAG_PREFIX = TAG_PREFIX + SYSTEM_KEY_PREFIX
 #: String tensor tag holding the JSON event records (data class TENSOR).
 EVENTS_TAG = TAG_PREFIX + "events"
 #: File name of the JSONL event log inside a run's log directory.
@@ -96,6 +110,50 @@ def step_time_tag(rank):
     """
     return f"{STEP_TIME_TAG_PREFIX}{int(rank)}"
 
+
+def system_key(host, metric):
+    """The logs key of host ``host``'s ``metric`` (one of :data:`SYSTEM_METRICS`).
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.system_key(0, "cpu_percent"), metadata.system_tag(0, "cpu_percent")
+    ('system/host_0/cpu_percent', 'adapt/system/host_0/cpu_percent')
+    """
+    if metric not in SYSTEM_METRICS:
+        raise ValueError(f"metric={metric!r} is not a system metric; use one of "
+                         f"{', '.join(SYSTEM_METRICS)}")
+    return f"{SYSTEM_KEY_PREFIX}{int(host)}/{metric}"
+
+
+def system_tag(host, metric):
+    """The TensorBoard tag of host ``host``'s ``metric``.
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.system_tag(2, "memory_percent")
+    'adapt/system/host_2/memory_percent'
+    """
+    return TAG_PREFIX + system_key(host, metric)
+
+
+def parse_system_tag(tag):
+    """``(host, metric)`` of a system tag or logs key, or None for anything else.
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.parse_system_tag("adapt/system/host_3/net_in_mb_s"), metadata.parse_system_tag("adapt/gns")
+    ((3, 'net_in_mb_s'), None)
+    """
+    rest = tag[len(TAG_PREFIX):] if tag.startswith(TAG_PREFIX) else tag
+    if not rest.startswith(SYSTEM_KEY_PREFIX):
+        return None
+    host, _, metric = rest[len(SYSTEM_KEY_PREFIX):].partition("/")
+    if not host.isdigit() or metric not in SYSTEM_METRICS:
+        return None
+    return int(host), metric
 
 def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

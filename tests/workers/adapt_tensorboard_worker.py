@@ -3,7 +3,8 @@
 Every rank trains the same small model with AdaptTensorBoard on one shared
 log directory and emits the same two adaptation events (as policies do:
 every rank decides alike), two at each epoch end. Only rank 0 may write the shared series and the
-events; the step times of every rank must reach rank 0's file.
+events; the step times of every rank must reach rank 0's file, and the
+host metrics (SystemMonitor) every rank's logs.
 Writes <out>/rank<r>.json with what each rank saw.
 """
 
@@ -20,6 +21,7 @@ from keras_adapt.callbacks import (
     AdaptTensorBoard,
     BroadcastGlobalVariablesCallback,
     GradientStatsMonitor,
+    SystemMonitor,
 )
 
 parser = argparse.ArgumentParser()
@@ -47,9 +49,11 @@ model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse
 history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False, callbacks=[
     BroadcastGlobalVariablesCallback(0),
     GradientStatsMonitor(interval=4),
+    SystemMonitor(interval=3),
     AdaptTensorBoard(args.log_dir, update_freq=6),
     EmitAtEpochEnd(),
 ])
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "size": size, "gns": history.history["gns"],
+               "system": {k: v for k, v in history.history.items() if k.startswith("system/")},
                "steps": int(model.optimizer.iterations.numpy())}, f)

@@ -21,6 +21,17 @@ const UNKNOWN_COLOR = '#7f7f7f';
 
 const TAG = (key) => 'adapt/' + key;
 const STEP_TIME_PREFIX = 'adapt/step_time/rank_';
+// SystemMonitor's host metrics: adapt/system/host_<h>/<metric>
+// (keras_adapt.record.metadata.SYSTEM_METRICS), one chart per metric.
+const SYSTEM_PREFIX = 'adapt/system/host_';
+const SYSTEM_CHARTS = [
+  ['cpu_percent', 'System: CPU use (% of all cores)'],
+  ['memory_percent', 'System: memory use (%)'],
+  ['net_in_mb_s', 'System: network in (MB/s)'],
+  ['net_out_mb_s', 'System: network out (MB/s)'],
+  ['gpu_percent', 'System: GPU use (%, mean over GPUs)'],
+  ['gpu_memory_percent', 'System: GPU memory (%, mean over GPUs)'],
+];
 
 const STYLE = `
   body { font-family: Roboto, Arial, sans-serif; margin: 12px 16px; color: #212121; }
@@ -330,6 +341,15 @@ async function showRun(run, ui) {
      series: stepTimeTags.map((t, i) => ({name: 'rank ' + t.slice(STEP_TIME_PREFIX.length),
                                           color: palette[i % palette.length], points: data.series[t]}))},
   ];
+  for (const [metric, title] of SYSTEM_CHARTS) {
+    const tags = Object.keys(data.series)
+      .filter((t) => t.startsWith(SYSTEM_PREFIX) && t.endsWith('/' + metric))
+      .sort((a, b) => parseInt(a.slice(SYSTEM_PREFIX.length), 10) - parseInt(b.slice(SYSTEM_PREFIX.length), 10));
+    if (!tags.length) continue;  // e.g. no GPU, or no SystemMonitor in this run
+    charts.push({id: 'system_' + metric, title,
+                 series: tags.map((t, i) => ({name: 'host ' + parseInt(t.slice(SYSTEM_PREFIX.length), 10),
+                                              color: palette[i % palette.length], points: data.series[t]}))});
+  }
   ui.charts.textContent = '';
   for (const spec of charts) {
     const card = el('div', {class: 'adapt-card', 'data-card': spec.id});
