@@ -6,6 +6,8 @@ break on Keras 3. If Horovod is not installed the facade runs as a single
 process (size 1, rank 0) so that the library stays usable and testable.
 """
 
+import os
+import time
 import warnings
 
 try:  # pragma: no cover - exercised on both branches by the test matrix
@@ -14,6 +16,81 @@ except ImportError:
     hvd = None
 
 _warned = []
+
+#: Environment variable of the slow-network test hook (see :func:`collective_delay_ms`).
+DELAY_ENV = "KERAS_ADAPT_COLLECTIVE_DELAY_MS"
+_delays = [0]
+
+
+def collective_delay_ms():
+    """The fixed delay, in milliseconds, added before each collective keras-adapt
+    issues: the ``KERAS_ADAPT_COLLECTIVE_DELAY_MS`` environment variable (0 if unset).
+
+    A test hook that simulates a slow network on one machine. It is read when
+    a collective is built (in a compiled train function: when it is traced),
+    and only for jobs of two or more workers. Bad values raise an error naming it.
+
+    Example:
+
+    >>> import os
+    >>> from keras_adapt import _hvd
+    >>> os.environ.pop(_hvd.DELAY_ENV, None) and None
+    >>> _hvd.collective_delay_ms()
+    0.0
+    """
+    raw = os.environ.get(DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise ValueError(
+            f"{DELAY_ENV}={raw!r} is not valid; use a number of milliseconds >= 0 "
+            "(for example 20), or unset it"
+        )
+    return value
+
+
+def delayed_collectives():
+    """How many collectives this process has delayed so far (the test hook's count).
+
+    Example:
+
+    >>> from keras_adapt import _hvd
+    >>> _hvd.delayed_collectives() >= 0
+    True
+    """
+    return _delays[0]
+
+
+def _sleep(seconds):
+    _delays[0] += 1
+    time.sleep(seconds)
+
+
+def _with_delay(tensors):
+    """``tensors``, made to wait :func:`collective_delay_ms` first (in-graph
+    or eagerly); unchanged when no delay is set."""
+    delay = collective_delay_ms()
+    if delay == 0.0:
+        return tensors
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        _sleep(delay / 1000.0)
+        return tensors
+
+    def wait():
+        _sleep(delay / 1000.0)
+        return 0
+
+    done = tf.py_function(wait, [], tf.int32, name="keras_adapt_collective_delay")
+    with tf.control_dependencies([done]):
+        return [tf.identity(t) if not isinstance(t, tf.IndexedSlices) else
+                tf.IndexedSlices(tf.identity(t.values), t.indices, t.dense_shape)
+                for t in tensors]
 
 
 def ensure_initialized():
@@ -197,6 +274,8 @@ class Reduction:
         tensors, scalars = list(tensors), list(scalars)
         if self.size() == 1 or not (tensors or scalars):
             return tensors + scalars
+        delayed = _with_delay(tensors + scalars)
+        tensors, scalars = delayed[:len(tensors)], delayed[len(tensors):]
         if self.op is hvd.Average:
             pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         else:
@@ -237,13 +316,13 @@ class Reduction:
 def broadcast(tensor, root_rank, name=None):
     if size() == 1:
         return tensor
-    return hvd.broadcast(tensor, root_rank, name=name)
+    return hvd.broadcast(_with_delay([tensor])[0], root_rank, name=name)
 
 
 def allreduce_average(tensor, name=None):
     if size() == 1:
         return tensor
-    return hvd.allreduce(tensor, op=hvd.Average, name=name)
+    return hvd.allreduce(_with_delay([tensor])[0], op=hvd.Average, name=name)
 
 
 def allgather(tensor, name=None):
@@ -261,7 +340,7 @@ def allgather(tensor, name=None):
     """
     if size() == 1:
         return tensor
-    return hvd.allgather(tensor, name=name)
+    return hvd.allgather(_with_delay([tensor])[0], name=name)
 
 
 def host_allreduce_mean(values, name):
@@ -278,4 +357,5 @@ def host_allreduce_mean(values, name):
         return values
     import tensorflow as tf
 
-    return hvd.allreduce(tf.constant(values), op=hvd.Average, name=name).numpy()
+    return hvd.allreduce(_with_delay([tf.constant(values)])[0], op=hvd.Average,
+                         name=name).numpy()

@@ -33,6 +33,10 @@ class _Keras3Binding(DistributedCore):
         """The user's learning rate as configured: a schedule or a variable."""
         return self._learning_rate
 
+    def _ka_current_learning_rate(self):
+        """The effective learning rate of this update (in-graph)."""
+        return tf.cast(self._get_current_learning_rate(), tf.float32)
+
     def _get_current_learning_rate(self):
         state = getattr(self, "_adapt_state", None)
         control = None if state is None else state.lr_control
@@ -60,7 +64,7 @@ class _Keras3Binding(DistributedCore):
                 self.built = True
         parent_apply = super().apply
         seen = variables
-        if seen is None and self._adapt_state.worker_local:
+        if seen is None and (self._adapt_state.worker_local or self._adapt_state.sync.has_local):
             seen = list(self._trainable_variables)
         self._ka_distributed_apply(grads, seen, lambda g: parent_apply(g, variables))
 
@@ -77,6 +81,12 @@ class _Keras2Binding(DistributedCore):
         if hasattr(self, "_create_all_weights"):  # legacy OptimizerV2
             return self._get_hyper("learning_rate")
         return self._learning_rate
+
+    def _ka_current_learning_rate(self):
+        """The effective learning rate of this update (in-graph)."""
+        if hasattr(self, "_create_all_weights"):  # legacy OptimizerV2
+            return self._decayed_lr(tf.float32)
+        return tf.cast(self.learning_rate, tf.float32)
 
     def _decayed_lr(self, var_dtype):
         # Legacy OptimizerV2 reads its learning rate through this method only.

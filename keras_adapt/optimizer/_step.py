@@ -19,6 +19,12 @@ allreduced values.
 With accumulation (:mod:`keras_adapt.optimizer.accumulation`) the micro-steps
 add up locally and only the micro-step that completes an update reduces and
 applies.
+
+When a local synchronisation strategy was declared (:mod:`keras_adapt.sync`),
+:meth:`DistributedCore._ka_synchronized_update` is the one place where the
+update dispatches on the strategy in use: AllReduceSGD runs the steps above,
+the local strategies apply this worker's own gradient
+(:meth:`DistributedCore._ka_local_apply`) and then synchronise the models.
 """
 
 import tensorflow as tf
@@ -27,6 +33,7 @@ from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer import statistics
 from keras_adapt.optimizer.accumulation import AccumulationState
 from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables
+from keras_adapt.sync import SyncState
 from keras_adapt import _hvd, ops
 
 
@@ -89,7 +96,8 @@ class DistributedCore:
                       "sparse_as_dense": False,
                       "backward_passes_per_step": 1, "average_aggregated_gradients": False,
                       "op": None, "compression": None, "gradient_predivide_factor": 1.0,
-                      "process_set": None, "scale_local_gradients": True, "local_layers": ()}
+                      "process_set": None, "scale_local_gradients": True, "local_layers": (),
+                      "sync_strategy": None}
     #: Whether reading ``learning_rate`` gives the effective rate (base x
     #: keras-adapt's factor): True on Keras 3 (see its binding).
     learning_rate_includes_factor = False
@@ -109,7 +117,7 @@ class DistributedCore:
             reduction=_hvd.Reduction(settings["op"], settings["compression"],
                                      settings["gradient_predivide_factor"],
                                      settings["process_set"]),
-            worker_local=worker_local)
+            worker_local=worker_local, sync=SyncState(settings["sync_strategy"]))
         if settings["backward_passes_per_step"] > 1:
             self._adapt_state.accumulation = AccumulationState(
                 settings["backward_passes_per_step"],
@@ -184,10 +192,10 @@ class DistributedCore:
         if state.worker_local and variables is not None:
             worker_local = [state.worker_local.contains(v) for v in variables]
         if state.accumulation is not None:
-            return self._ka_accumulate(grads, apply_fn, worker_local)
-        return self._ka_reduce_and_apply(grads, apply_fn, worker_local=worker_local)
+            return self._ka_accumulate(grads, apply_fn, worker_local, variables)
+        return self._ka_synchronized_update(variables, grads, apply_fn, worker_local=worker_local)
 
-    def _ka_accumulate(self, grads, apply_fn, worker_local):
+    def _ka_accumulate(self, grads, apply_fn, worker_local, variables=None):
         """Adds this micro-step's gradient to the accumulators; the micro-step
         that completes an update averages them over micro-steps and workers
         and applies.
@@ -214,8 +222,8 @@ class DistributedCore:
                 # Horovod's average_aggregated_gradients=False: the sum.
                 def apply_update(g):
                     return apply_fn([None if x is None else x * tf.cast(n, x.dtype) for x in g])
-            applied = self._ka_reduce_and_apply(
-                acc.mean(grads, count), apply_update, local_sqr=acc.local_sqr / n,
+            applied = self._ka_synchronized_update(
+                variables, acc.mean(grads, count), apply_update, local_sqr=acc.local_sqr / n,
                 inv_batch=acc.inv_batch / n, samples=acc.samples, micro_steps=count,
                 worker_local=worker_local)
             with tf.control_dependencies([applied]):
@@ -343,3 +351,102 @@ class DistributedCore:
         # rank takes the same branch.
         with tf.control_dependencies(deps):
             return tf.cond(tf.math.is_finite(averaged[0]), apply_branch, skip_branch)
+
+    # -- synchronisation strategies (keras_adapt.sync) ----------------------
+    def _ka_synchronized_update(self, variables, grads, apply_fn, **kwargs):
+        """One update under the synchronisation strategy in use: the plain
+        :meth:`_ka_reduce_and_apply` when no local strategy was declared
+        (nothing added to the step), else the in-graph dispatch of
+        :meth:`keras_adapt.sync.SyncState.update` between it and
+        :meth:`_ka_local_apply` followed by the strategy's model
+        synchronisation. ``variables``: the variables ``grads`` belong to."""
+        state = self._adapt_state
+        if not state.sync.has_local:
+            return self._ka_reduce_and_apply(grads, apply_fn, **kwargs)
+        worker_local = kwargs.get("worker_local") or [False] * len(grads)
+        shared = [v for v, g, w in zip(variables, grads, worker_local)
+                  if g is not None and not w]
+        return state.sync.update(
+            lambda: self._ka_reduce_and_apply(grads, apply_fn, **kwargs),
+            lambda: self._ka_local_apply(grads, apply_fn, **kwargs),
+            shared, self._ka_slot_variables(), self._ka_current_learning_rate,
+            state.reduction)
+
+    def _ka_slot_variables(self):
+        """The optimizer's slot variables (momentum, Adam moments): its
+        floating-point variables other than the learning rate."""
+        variables = self.variables() if callable(self.variables) else self.variables
+        lr = self.configured_learning_rate()
+        return [v for v in variables
+                if tf.as_dtype(v.dtype).is_floating and v is not lr and v is not self.iterations]
+
+    def _ka_local_apply(self, grads, apply_fn, local_sqr=None, inv_batch=None,
+                        samples=None, micro_steps=None, worker_local=None):
+        """A local strategy's update: applies this worker's own gradient
+        (skipped on this worker alone if it is not finite). On measured
+        updates (one in ``stats_interval``, all ranks alike) the gradients and
+        the measurement also go through the allreduce, for the statistics
+        only (computed as under AllReduceSGD: exact where the workers' models
+        agree, see docs/sync_strategies.md), for one gradient allreduce per
+        ``stats_interval`` updates. Arguments as :meth:`_ka_reduce_and_apply`."""
+        state = self._adapt_state
+        stats = state.statistics
+        if worker_local is None:
+            worker_local = [False] * len(grads)
+        present = [i for i, g in enumerate(grads) if g is not None and not worker_local[i]]
+        local = [grads[i] for i in present]
+        num_workers = state.reduction.size()
+        out = list(grads)
+        if state.worker_local.scale and num_workers > 1:
+            for i, g in enumerate(grads):
+                if g is not None and worker_local[i]:
+                    out[i] = _scaled(g, 1.0 / num_workers)
+        update_index = tf.cast(self.iterations, tf.int64)
+        if local_sqr is None and state.skip_nonfinite and local:
+            # The non-finite check of this worker's own gradient, every update.
+            local_sqr = ops.squared_norms([_dense(g) for g in local])[1]
+        deps = []
+        if stats is not None and local:
+            m = tf.cast(num_workers, tf.int64)
+            if micro_steps is not None:
+                m = m * micro_steps
+
+            def measure_only():
+                # The one collective of this branch; every rank takes it alike.
+                if local_sqr is None:
+                    own = (ops.squared_norms([_dense(g) for g in local])[1],
+                           stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
+                else:
+                    own = (local_sqr, inv_batch, samples)
+                reduced = state.reduction.allreduce(local, [tf.stack(own)])
+                mean = _mean_view(reduced[:-1], state.reduction, num_workers)
+
+                def measure():
+                    return statistics.measure(state, mean, tuple(tf.unstack(reduced[-1])),
+                                              own[:2], m, num_workers, update_index)
+
+                done = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
+                if num_workers == 1:
+                    with tf.control_dependencies(done):  # the pair reads before this overwrites
+                        done.append(statistics.remember_if_next_measured(
+                            state, mean, own[0], own[1], update_index))
+                with tf.control_dependencies(done):
+                    return tf.constant(True)
+
+            deps.append(tf.cond(statistics.needs_measurement(stats, update_index, num_workers),
+                                measure_only, lambda: tf.constant(False)))
+
+        def apply_branch():
+            apply_fn(out)
+            if state.lr_control is not None:
+                state.lr_control.after_update()
+            return tf.constant(True)
+
+        def skip_branch():
+            state.skipped.assign_add(1)
+            return tf.constant(False)
+
+        with tf.control_dependencies(deps):
+            if not state.skip_nonfinite or local_sqr is None:
+                return apply_branch()
+            return tf.cond(tf.math.is_finite(local_sqr), apply_branch, skip_branch)

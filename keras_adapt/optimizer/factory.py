@@ -6,6 +6,7 @@ from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer._bindings import distributed_class
 from keras_adapt.optimizer._step import DistributedCore
 from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL
+from keras_adapt.sync.state import candidates_from
 
 
 def _validate(optimizer, gradient_stats, skip_nonfinite):
@@ -82,6 +83,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     process_set=None,
     scale_local_gradients=True,
     local_layers=None,
+    sync_strategy=None,
 ):
     """Wraps a Keras optimizer to average gradients over Horovod workers and
     measure gradient statistics in the same step.
@@ -144,6 +146,17 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
         local_layers: layers whose trainable weights are worker-local
             (Horovod's ``PartialDistributedOptimizer``).
 
+    Synchronisation (see docs/sync_strategies.md):
+
+    Args:
+        sync_strategy: how the workers' models agree: None (the default,
+            :class:`keras_adapt.sync.AllReduceSGD`, averaged gradients), a
+            :mod:`keras_adapt.sync` strategy or its name, or a list of them:
+            the strategies ``optimizer.adapt_state.sync.set(...)`` may switch
+            between at run time without retracing (the first is used from
+            the start). Their state is made at the first trace, so a
+            strategy must be declared here to be usable later.
+
     Returns:
         An optimizer of the same class as ``optimizer``, with the extra
         attributes ``gradient_statistics`` and ``skipped_steps``.
@@ -167,6 +180,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     _hvd.ensure_initialized()
     # Validates op, compression, the predivide factor and the process set.
     _hvd.Reduction(op, compression, gradient_predivide_factor, process_set)
+    sync_strategy = candidates_from(sync_strategy)
 
     settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
                 "batch_size": batch_size, "skip_nonfinite": skip_nonfinite,
@@ -176,7 +190,7 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
                 "op": op, "compression": compression,
                 "gradient_predivide_factor": gradient_predivide_factor,
                 "process_set": process_set, "scale_local_gradients": scale_local_gradients,
-                "local_layers": local_layers}
+                "local_layers": local_layers, "sync_strategy": sync_strategy}
     return distributed_class(type(optimizer), settings).from_config(optimizer.get_config())
 
 

@@ -32,6 +32,8 @@ class AdaptState:
             on each worker (``register_local_var``, ``local_layers``).
         previous: one worker only: the :class:`PreviousGradient` that the
             next measured update is paired with (made on first use), else None.
+        sync: the :class:`~keras_adapt.sync.SyncState`: the synchronisation
+            strategy in use and its parameters (``sync.set(...)`` switches).
 
     Example:
 
@@ -42,7 +44,7 @@ class AdaptState:
     (True, None, 0)
     """
 
-    def __init__(self, stats, skip_nonfinite, reduction=None, worker_local=None):
+    def __init__(self, stats, skip_nonfinite, reduction=None, worker_local=None, sync=None):
         self.statistics = stats
         self.skip_nonfinite = skip_nonfinite
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
@@ -52,6 +54,11 @@ class AdaptState:
         self.reduction = reduction if reduction is not None else _hvd.Reduction()
         self.worker_local = worker_local if worker_local is not None else WorkerLocalVariables()
         self.previous = None
+        if sync is None:
+            from keras_adapt.sync import SyncState
+
+            sync = SyncState(None)
+        self.sync = sync
 
 
 def variable_key(variable):
