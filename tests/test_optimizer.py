@@ -10,7 +10,7 @@ import keras_adapt
 from keras_adapt import _keras
 from keras_adapt.callbacks import GradientStatsMonitor
 from keras_adapt.data import linear_regression, linear_regression_gradient_stats
-from keras_adapt.optimizer import is_distributed
+from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL, is_distributed
 
 
 def _mlp(seed=0):
@@ -406,3 +406,26 @@ def test_jit_compile_is_refused_with_a_clear_error():
     x, y = _data(64)
     with pytest.raises(ValueError, match="jit_compile=False"):
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_stats_interval_counts_updates_not_micro_steps_with_backward_passes():
+    # backward_passes_per_step=2 advances iterations on every micro-step, so
+    # every completing micro-step has an odd iteration count; the interval
+    # must count updates (adapt_state.updates), or an even interval (the
+    # default 10) would never measure.
+    x, y = _data()
+    model = _mlp()
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01), backward_passes_per_step=2)
+    model.compile(opt, "mse")
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[GradientStatsMonitor(interval=4)])
+    micro_steps = len(x) // 8
+    updates = micro_steps // 2
+    assert int(opt.iterations.numpy()) == micro_steps
+    assert int(opt.adapt_state.updates.numpy()) == updates
+    result = opt.gradient_statistics.result()
+    # updates 0, 10, 20, ...; each measured from 2 micro-gradients (one worker, k = 2)
+    assert result["updates"] == -(-updates // DEFAULT_STATS_INTERVAL)
+    assert result["covered_updates"] == result["updates"] * DEFAULT_STATS_INTERVAL
+    assert np.isfinite(result["gns"])

@@ -209,7 +209,7 @@ class DistributedCore:
         if stats is not None and shared:
             # The update these micro-steps make up keeps its index until it applies.
             acc.add_measurement(
-                statistics.local_squared_norm(state, shared, tf.cast(self.iterations, tf.int64),
+                statistics.local_squared_norm(state, shared, state.updates.read_value(),
                                               state.reduction.size()),
                 stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
         count = acc.add(grads)
@@ -277,7 +277,7 @@ class DistributedCore:
             apply(with_averaged(state.reduction.allreduce(local)))
             return tf.constant(True)
 
-        update_index = tf.cast(self.iterations, tf.int64)
+        update_index = state.updates.read_value()
         measured = stats.due(update_index)
         m = tf.cast(num_workers, tf.int64)
         if micro_steps is not None:
@@ -362,15 +362,19 @@ class DistributedCore:
         synchronisation. ``variables``: the variables ``grads`` belong to."""
         state = self._adapt_state
         if not state.sync.has_local:
-            return self._ka_reduce_and_apply(grads, apply_fn, **kwargs)
-        worker_local = kwargs.get("worker_local") or [False] * len(grads)
-        shared = [v for v, g, w in zip(variables, grads, worker_local)
-                  if g is not None and not w]
-        return state.sync.update(
-            lambda: self._ka_reduce_and_apply(grads, apply_fn, **kwargs),
-            lambda: self._ka_local_apply(grads, apply_fn, **kwargs),
-            shared, self._ka_slot_variables(), self._ka_current_learning_rate,
-            state.reduction)
+            done = self._ka_reduce_and_apply(grads, apply_fn, **kwargs)
+        else:
+            worker_local = kwargs.get("worker_local") or [False] * len(grads)
+            shared = [v for v, g, w in zip(variables, grads, worker_local)
+                      if g is not None and not w]
+            done = state.sync.update(
+                lambda: self._ka_reduce_and_apply(grads, apply_fn, **kwargs),
+                lambda: self._ka_local_apply(grads, apply_fn, **kwargs),
+                shared, self._ka_slot_variables(), self._ka_current_learning_rate,
+                state.reduction)
+        with tf.control_dependencies([done]):
+            state.updates.assign_add(1)
+            return tf.identity(done)
 
     def _ka_slot_variables(self):
         """The optimizer's slot variables (momentum, Adam moments): its
@@ -401,7 +405,7 @@ class DistributedCore:
             for i, g in enumerate(grads):
                 if g is not None and worker_local[i]:
                     out[i] = _scaled(g, 1.0 / num_workers)
-        update_index = tf.cast(self.iterations, tf.int64)
+        update_index = state.updates.read_value()
         if local_sqr is None and state.skip_nonfinite and local:
             # The non-finite check of this worker's own gradient, every update.
             local_sqr = ops.squared_norms([_dense(g) for g in local])[1]

@@ -20,6 +20,10 @@ class AdaptState:
             None when the optimizer was created with ``gradient_stats=False``.
         skip_nonfinite: whether non-finite averaged gradients skip the update.
         skipped: ``tf.Variable`` counting updates skipped for that reason.
+        updates: ``tf.Variable`` counting completed optimizer updates
+            (applied or skipped): the index the statistics' ``stats_interval``
+            is counted on. Unlike ``optimizer.iterations`` it never counts
+            micro-steps (``backward_passes_per_step``).
         accumulation: an :class:`AccumulationState` once
             :func:`enable_accumulation` ran, else None.
         lr_control: a :class:`LearningRateControl` once
@@ -48,6 +52,7 @@ class AdaptState:
         self.statistics = stats
         self.skip_nonfinite = skip_nonfinite
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_updates")
         self.accumulation = None
         self.lr_control = None
         self.batch_size_actuator = None

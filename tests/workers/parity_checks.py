@@ -10,7 +10,8 @@ which each rank can regenerate) and records measured and expected values:
   lazy        Sequential without Input, ranks seeded differently, broadcast
               callback: weights after the first step and after training
   warmup      LR warm-up and schedule callbacks: the rate before each batch
-  collectives the Horovod ops in one traced train step, per setting
+  collectives the Horovod ops (and their tensor counts) per function of one
+              traced train step, per setting
   port        a Horovod-style script through keras_adapt.horovod: lazily built
               model, warm-up, metric average, BestModelCheckpoint (rank 0
               writes), load_model of the checkpoint
@@ -227,11 +228,18 @@ def collectives_phase():
 
         step()
         graph_def = step.get_concrete_function().graph.as_graph_def()
-        # Collectives may sit inside the branch functions of tf.cond.
-        types = [n.op for n in graph_def.node]
-        types += [n.op for f in graph_def.library.function for n in f.node_def]
-        out[name] = sorted(t for t in types if t.startswith("Horovod") and "Size" not in t
-                           and "Rank" not in t)
+        # Collectives may sit inside the branch functions of tf.cond: per
+        # function (the step itself, then each branch) the collectives and
+        # their numbers of tensors, for the functions that hold any.
+        functions = [graph_def.node] + [f.node_def for f in graph_def.library.function]
+        per_function = []
+        for nodes in functions:
+            ops = sorted((n.op, sum(1 for i in n.input if not i.startswith("^")))
+                         for n in nodes if n.op.startswith("Horovod") and "Size" not in n.op
+                         and "Rank" not in n.op)
+            if ops:
+                per_function.append(ops)
+        out[name] = sorted(per_function)
     results["collectives"] = out
 
 
