@@ -5,18 +5,11 @@ import warnings
 import keras
 
 from keras_adapt import _hvd, _train_step
+from keras_adapt.callbacks._common import check_interval
 from keras_adapt.optimizer import require_distributed
 
 #: Log keys written by this monitor (DESIGN.md section 4).
 LOG_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
-
-
-def _check_interval(interval):
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ValueError(
-            f"interval={interval!r} is not valid; use a positive int, the number "
-            "of training steps between reads of the statistics (e.g. 10)"
-        )
 
 
 class GradientStatsMonitor(keras.callbacks.Callback):
@@ -57,7 +50,7 @@ class GradientStatsMonitor(keras.callbacks.Callback):
 
     def __init__(self, interval=10):
         super().__init__()
-        _check_interval(interval)
+        check_interval(interval, "reads of the statistics")
         self.interval = interval
         # Keras 3 forces a host sync after every step (to turn the logs into
         # python numbers) as soon as one callback has a batch hook that is not

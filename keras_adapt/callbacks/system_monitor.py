@@ -7,16 +7,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt.callbacks._common import check_interval
 from keras_adapt.monitors.system import SystemSampler
 from keras_adapt.record import metadata
-
-
-def _check_interval(interval):
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ValueError(
-            f"interval={interval!r} is not valid; use a positive int, the number "
-            "of training steps between samples (e.g. 10)"
-        )
 
 
 class SystemMonitor(keras.callbacks.Callback):
@@ -57,7 +50,7 @@ class SystemMonitor(keras.callbacks.Callback):
 
     def __init__(self, interval=10, gpus=True):
         super().__init__()
-        _check_interval(interval)
+        check_interval(interval, "samples")
         if not isinstance(gpus, bool):
             raise TypeError(f"gpus must be True or False, got {gpus!r}")
         self.interval = interval
