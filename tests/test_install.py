@@ -34,8 +34,12 @@ def test_packages_import_from_the_installed_wheel():
         assert "site-packages" in module.__file__
     dist = importlib.metadata.distribution("keras-adapt")
     assert dist.version == keras_adapt.__version__
-    # a wheel install, not an editable one: the files are listed in RECORD
-    assert any(str(f).endswith("keras_adapt/optimizer.py") for f in dist.files)
+    # a wheel install, not an editable one: the files are listed in RECORD,
+    # subpackages included
+    files = {str(f) for f in dist.files}
+    for path in ("keras_adapt/optimizer/_step.py", "keras_adapt/sync/state.py",
+                 "keras_adapt/monitors/system.py", "keras_adapt/perf_model.py"):
+        assert path in files, path
 
 
 def test_the_compiled_op_ships_in_the_wheel_and_loads():
