@@ -65,7 +65,7 @@ TAG_PREFIX = "adapt/"
 SCALAR_TAGS = {
     key: TAG_PREFIX + key
     for key in ("gns", "batch_size", "lr", "workers", "throughput",
-                "grad_sqr", "grad_var", "grad_snr")
+                "grad_sqr", "grad_var", "grad_snr", "sync_strategy")
 }
 STEP_TIME_TAG_PREFIX = TAG_PREFIX + "step_time/rank_"
 #: Host metrics of ``SystemMonitor``, each with its unit: the logs key of
@@ -88,7 +88,12 @@ EVENTS_FILENAME = "adapt_events.jsonl"
 
 #: The kinds that keras-adapt emits today. A kind is declared here when
 #: code starts emitting it; readers show any other kind as "unknown".
-EVENT_KINDS = ("batch_size", "lr", "resume")
+EVENT_KINDS = ("batch_size", "lr", "resume", "sync_strategy")
+#: The synchronisation strategies by the value of the strategy variable
+#: (``keras_adapt.sync``): the ``adapt/sync_strategy`` series holds the index
+#: of the strategy in use, and readers label it with these names.
+SYNC_STRATEGIES = ("allreduce_sgd", "model_averaging", "local_sgd", "block_momentum",
+                   "elastic_averaging")
 EVENT_FIELDS = ("step", "epoch", "wall_time", "kind", "rank",
                 "policy", "reason", "before", "after")
 

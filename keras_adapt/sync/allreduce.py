@@ -1,5 +1,6 @@
 """``AllReduceSGD``: synchronous SGD on averaged gradients (the default)."""
 
+from keras_adapt.record import metadata
 from keras_adapt.sync.base import SyncStrategy
 
 
@@ -23,7 +24,7 @@ class AllReduceSGD(SyncStrategy):
     """
 
     name = "allreduce_sgd"
-    index = 0
+    index = metadata.SYNC_STRATEGIES.index(name)
     local = False
 
     def params(self):

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from keras_adapt.record import metadata
 from keras_adapt.sync.base import SyncStrategy, _check_float, _check_int
 
 
@@ -35,7 +36,7 @@ class BlockMomentum(SyncStrategy):
     """
 
     name = "block_momentum"
-    index = 3
+    index = metadata.SYNC_STRATEGIES.index(name)
 
     def __init__(self, period=8, block_lr=1.0, block_momentum=0.5, nesterov=True):
         self.period = _check_int("BlockMomentum", "period", period, 1)

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from keras_adapt.record import metadata
 from keras_adapt.sync.base import SyncStrategy, _check_float, _check_int
 
 
@@ -32,7 +33,7 @@ class ElasticAveraging(SyncStrategy):
     """
 
     name = "elastic_averaging"
-    index = 4
+    index = metadata.SYNC_STRATEGIES.index(name)
 
     def __init__(self, period=4, rho=1.0):
         self.period = _check_int("ElasticAveraging", "period", period, 1)

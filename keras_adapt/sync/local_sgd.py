@@ -1,5 +1,6 @@
 """``LocalSGD``: local steps, models averaged every H updates (post-local SGD)."""
 
+from keras_adapt.record import metadata
 from keras_adapt.sync.base import SyncStrategy, _check_int
 
 
@@ -26,7 +27,7 @@ class LocalSGD(SyncStrategy):
     """
 
     name = "local_sgd"
-    index = 2
+    index = metadata.SYNC_STRATEGIES.index(name)
 
     def __init__(self, period=8, start_after=0):
         self.period = _check_int("LocalSGD", "period", period, 1)

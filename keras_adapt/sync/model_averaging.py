@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from keras_adapt.record import metadata
 from keras_adapt.sync.base import SyncStrategy, _check_float
 
 
@@ -26,7 +27,7 @@ class ModelAveraging(SyncStrategy):
     """
 
     name = "model_averaging"
-    index = 1
+    index = metadata.SYNC_STRATEGIES.index(name)
 
     def __init__(self, alpha=0.1):
         self.alpha = _check_float("ModelAveraging", "alpha", alpha, 0.0, 1.0, low_open=True)

@@ -16,6 +16,7 @@ const KIND_COLORS = {
   batch_size: '#1f77b4',
   lr: '#ff7f0e',
   resume: '#bcbd22',
+  sync_strategy: '#17becf',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 
