@@ -12,10 +12,16 @@ class BlockMomentum(SyncStrategy):
     model's change over the block goes through a block-level momentum step
     on a global model x_g:
 
-        delta = mean_j(x_j) - x_g
+        delta = mean_j(x_j) - s   (s: where the workers started the block)
         v <- block_momentum * v + block_lr * delta
         x_g <- x_g + v
-        x_i <- x_g  (Nesterov: x_g + block_momentum * v)
+        x_i <- s <- x_g  (Nesterov: x_g + block_momentum * v)
+
+    (Chen & Huo's G(t) = mean(x) - W_g(t-1): with Nesterov the change is
+    measured from the look-ahead model the workers started from, not from
+    x_g; measured from x_g the look-ahead would be counted twice and, with
+    the paper's block_momentum = 1 - 1/N = 0.5 and block_lr = 1, v would
+    never decay.)
 
     x_g and v are made at the first trace when BlockMomentum is a declared
     candidate; on every switch into BlockMomentum, x_g is set to the workers'
@@ -68,8 +74,12 @@ class BlockMomentum(SyncStrategy):
         means = context.mean(context.weights)
         ops = []
         for x, m, g, vel in zip(context.weights, means, x_g, v):
-            new_v = tf.cast(mu, m.dtype) * vel + tf.cast(zeta, m.dtype) * (m - g)
+            mu_t = tf.cast(mu, m.dtype)
+            # The block's change is measured from where the workers started
+            # it: x_g, or with Nesterov the look-ahead x_g + mu_b * v.
+            began = tf.where(nesterov, g + mu_t * vel, g)
+            new_v = mu_t * vel + tf.cast(zeta, m.dtype) * (m - began)
             new_g = g + new_v
-            start = tf.where(nesterov, new_g + tf.cast(mu, m.dtype) * new_v, new_g)
+            start = tf.where(nesterov, new_g + mu_t * new_v, new_g)
             ops += [vel.assign(new_v), g.assign(new_g), x.assign(start)]
         return tf.group(ops)

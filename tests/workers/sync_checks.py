@@ -126,7 +126,8 @@ def simulate(schedule, kind, lr, steps):
                     params = [[m.copy() for m in mean_p] for _ in range(size)]
                 elif isinstance(strategy, BlockMomentum):
                     mu, zeta = strategy.block_momentum, strategy.block_lr
-                    vel = [mu * v + zeta * (m - g) for v, m, g in zip(vel, mean_p, x_g)]
+                    began = [g + mu * v for g, v in zip(x_g, vel)] if strategy.nesterov else x_g
+                    vel = [mu * v + zeta * (m - b) for v, m, b in zip(vel, mean_p, began)]
                     x_g = [g + v for g, v in zip(x_g, vel)]
                     start = [g + mu * v for g, v in zip(x_g, vel)] if strategy.nesterov else x_g
                     params = [[s.copy() for s in start] for _ in range(size)]
