@@ -95,12 +95,13 @@ SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluatio
 PERIOD = 8  # H of the local strategies
 
 SETTINGS = {
-    "test": 500, "hidden": 128,
+    "test": 497, "hidden": 128,
     "small": 16, "large": 128,  # per-worker batches
     "passes": 30.0, "eval_every": 1297,
-    "target": 0.97,
-    "lr_small": 0.1, "lr_large": 0.4,
+    "target": 0.975,
+    "lr_small": 0.1, "lr_ssgd_large": 0.4, "lr_block_momentum": 0.05,
     "alpha": 0.1,
+    "bmuf": {"block_lr": 1.0, "block_momentum": 0.5, "nesterov": True},
     "lr_grid": {"ssgd_small": [0.02, 0.05, 0.1, 0.2], "ssgd_large": [0.1, 0.2, 0.4, 0.8]},
 }
 QUICK = {"passes": 4.0, "eval_every": 1297, "target": 0.8}
@@ -367,7 +368,7 @@ def worker(args):
             return (LocalSGD(period=PERIOD, start_after=first_decay),
                     {"gradient_stats": False}, None)
         if config == "block_momentum":
-            return BlockMomentum(period=PERIOD), {"gradient_stats": False}, None
+            return BlockMomentum(period=PERIOD, **s["bmuf"]), {"gradient_stats": False}, None
         return adaptive_setup()
 
     def adaptive_setup():
@@ -423,7 +424,7 @@ def worker(args):
         for i in range(args.rounds):
             # alternate delay / no delay, reversed every other round
             for c, d in (order if i % 2 == 0 else order[::-1]):
-                lr = s["lr_large"] if c == "ssgd_large" else s["lr_small"]
+                lr = s.get(f"lr_{c}", s["lr_small"])
                 runs.setdefault(f"{c}@{'delay' if d else 0}", []).append(run(c, d, lr))
         result["runs"] = {f"{c}@{'delay' if d else 0}": runs[f"{c}@{'delay' if d else 0}"]
                           for c, d in order}
