@@ -102,9 +102,13 @@ SETTINGS = {
     "lr_small": 0.1, "lr_ssgd_large": 0.4, "lr_block_momentum": 0.05,
     "alpha": 0.1,
     "bmuf": {"block_lr": 1.0, "block_momentum": 0.5, "nesterov": True},
+    "policy": {},  # SyncStrategyPolicy's defaults
     "lr_grid": {"ssgd_small": [0.02, 0.05, 0.1, 0.2], "ssgd_large": [0.1, 0.2, 0.4, 0.8]},
 }
-QUICK = {"passes": 4.0, "eval_every": 1297, "target": 0.8}
+# smoke mode: the same code paths on 3 passes; the policy may switch after
+# 10 measured updates, so its post-local rule fires at the first decay
+QUICK = {"passes": 3.0, "eval_every": 1297, "target": 0.8,
+         "policy": {"warmup_updates": 10, "min_switch_interval": 20}}
 
 
 def settings_from(args):
@@ -175,7 +179,7 @@ def aggregate(runs):
             "collectives": first["collectives"],
             "collectives_per_sample": round(first["collectives"] / first["samples"], 6),
             "broadcasts": first["broadcasts"], "delayed": first["delayed"],
-            "strategies": first["strategies"],
+            "strategies": first["strategies"], "events": first["events"],
         }
         if any(r["collectives"] != first["collectives"] for r in rounds):
             out[key]["collectives_spread"] = [min(r["collectives"] for r in rounds),
@@ -250,6 +254,7 @@ def worker(args):
     import keras_adapt
     from keras_adapt import _hvd
     from keras_adapt.data import AdaptiveBatchDataset
+    from keras_adapt.policies import SyncStrategyPolicy
     from keras_adapt.sync import AllReduceSGD, BlockMomentum, LocalSGD, ModelAveraging
 
     hvd.init()
@@ -372,7 +377,12 @@ def worker(args):
         return adaptive_setup()
 
     def adaptive_setup():
-        raise NotImplementedError("SyncStrategyPolicy is not available yet")
+        """The adaptive configuration: both strategies declared, statistics on,
+        the policy at its defaults (no timing source: its communication rule
+        is off)."""
+        local = LocalSGD(period=PERIOD)
+        policy = SyncStrategyPolicy(local=local, interval=10, **s["policy"])
+        return [AllReduceSGD(), local], {"gradient_stats": True}, policy
 
     def run(config, delay_ms, lr):
         if delay_ms:
@@ -407,6 +417,9 @@ def worker(args):
             "broadcasts": after["broadcast"] - before["broadcast"],
             "delayed": _hvd.delayed_collectives() - delayed_before if delay_ms else None,
             "strategies": tracker.strategies,
+            "events": [] if policy is None else [
+                {"step": e["step"], "reason": e["reason"], "after": e["after"]["sync_strategy"]}
+                for e in policy.events],
             "curve": tracker.curve,
         }
 
