@@ -175,6 +175,7 @@ def aggregate(runs):
             "final_spread": [round(min(r["final"] for r in rounds), 4),
                              round(max(r["final"] for r in rounds), 4)],
             "wall": round(_median([r["wall"] for r in rounds]), 3),
+            "lr": first["lr"], "global_batch": first["global_batch"],
             "updates": first["updates"], "samples": first["samples"],
             "collectives": first["collectives"],
             "collectives_per_sample": round(first["collectives"] / first["samples"], 6),
@@ -206,7 +207,8 @@ def summary(result, table):
                 line["adaptive_speedup_vs_ssgd_delay"] = round(b / a, 3)
             line["met_speedup"] = (line["adaptive_speedup_vs_ssgd_delay"] or 0) >= 1.5
         line["met"] = bool(line["met_acc"] and line["met_speedup"])
-    line.update(target=s["target"], passes=s["passes"], delay_ms=result["delay_ms"],
+    line.update(target=s["target"], passes=s["passes"], train_size=result["train_size"],
+                budget=int(s["passes"] * result["train_size"]), delay_ms=result["delay_ms"],
                 rounds=result["rounds"], load=result["load"], delayed_configs=len(delayed),
                 configs=table)
     return line
@@ -409,7 +411,7 @@ def worker(args):
         os.environ.pop(_hvd.DELAY_ENV, None)
         samples, updates, wall, acc, _ = tracker.curve[-1]
         return {
-            "config": config, "delay_ms": delay_ms, "lr": lr,
+            "config": config, "delay_ms": delay_ms, "lr": lr, "global_batch": workers * micro,
             "samples": samples, "updates": updates, "wall": wall, "final": acc,
             "updates_to_target": tracker.hit and tracker.hit[0],
             "wall_to_target": tracker.hit and tracker.hit[1],

@@ -1,6 +1,7 @@
 """The benchmarks run end to end in their smoke modes and print what they promise."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -107,3 +108,85 @@ def test_perf_model_report_on_stored_times(capsys):
     assert line["loco_mape"] < line["constant_mape"] / 2
     lo, hi = line["round_mape"]
     assert 0 < lo <= hi
+
+
+@pytest.mark.primary_only
+def test_sync_strategies_quick():
+    from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL
+
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "sync_strategies.py"), "--quick",
+           "--rounds", "1"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    assert len(lines) == 1
+    line = lines[0]
+    assert list(line)[:7] == ["bench", "stack", "adaptive_acc_gap_vs_best",
+                              "adaptive_speedup_vs_ssgd_delay", "met", "met_acc", "met_speedup"]
+    assert line["bench"] == "sync_strategies" and line["stack"] == "primary"
+    configs = line["configs"]
+    names = ("ssgd_small", "ssgd_large", "sma", "local_sgd", "post_local", "block_momentum",
+             "adaptive")
+    assert set(configs) == {f"{c}@{d}" for c in names for d in ("0", "delay")}
+    budget = line["budget"]
+    assert budget == int(3.0 * line["train_size"])
+    broadcasts = configs["ssgd_small@0"]["broadcasts"]
+    assert broadcasts > 0
+    for key, run in configs.items():
+        batch = run["global_batch"]
+        assert batch == (256 if run["config"] == "ssgd_large" else 32)
+        # the same sample budget for everyone: stopped at the first update past it
+        assert budget <= run["samples"] < budget + batch
+        assert run["updates"] == run["samples"] // batch
+        assert 0.0 <= run["final"] <= 1.0
+        assert run["collectives_per_sample"] == pytest.approx(
+            run["collectives"] / run["samples"], abs=1e-6)
+        assert run["broadcasts"] == broadcasts  # the initial broadcast, the same for all
+        if run["delay_ms"] > 0:
+            # the slow-network hook delayed exactly what was counted, and each
+            # collective waited 20 ms (the first update, not timed, holds at most 2)
+            assert run["delayed"] == run["collectives"] + run["broadcasts"]
+            assert run["wall"] >= 0.020 * (run["collectives"] - 2)
+        else:
+            assert run["delayed"] is None
+    # the delay changes the time, not the math (no timing source in the policy)
+    for c in names:
+        a, b = configs[f"{c}@0"], configs[f"{c}@delay"]
+        assert (a["final"], a["updates_to_target"], a["collectives"]) == \
+               (b["final"], b["updates_to_target"], b["collectives"]), c
+        assert a["wall"] < b["wall"], c
+
+    # collectives counted as they ran, against the count each strategy's rule gives
+    def n(c):
+        return configs[f"{c}@0"]["updates"]
+
+    assert configs["ssgd_small@0"]["collectives"] == n("ssgd_small")
+    assert configs["ssgd_large@0"]["collectives"] == n("ssgd_large")
+    # a local strategy used from the start averages once in its first update
+    assert configs["sma@0"]["collectives"] == 1 + n("sma")
+    for c in ("local_sgd", "block_momentum"):
+        assert configs[f"{c}@0"]["collectives"] == 1 + n(c) // 8
+    s = math.ceil(0.5 * budget / 32)  # post-local: AllReduceSGD until the first decay (50%)
+    assert configs["post_local@0"]["collectives"] == 1 + s + (n("post_local") - s) // 8
+    # adaptive: AllReduceSGD (statistics ride in the gradient allreduce), the
+    # switch's averaging, then local SGD's averagings and, on measured
+    # updates, the statistics allreduce
+    adaptive = configs["adaptive@0"]
+    assert [name for _, name in adaptive["strategies"]] == ["allreduce_sgd", "local_sgd"]
+    assert len(adaptive["events"]) == 1 and adaptive["events"][0]["after"] == "local_sgd"
+    assert adaptive["events"][0]["reason"].startswith("post-local SGD")
+    k = adaptive["strategies"][1][0]  # first update under local SGD (1-based)
+    assert s < k <= s + 20  # the decay rule fired after the first decay, within its interval
+    total = n("adaptive")
+    measured = sum(1 for i in range(k - 1, total) if i % DEFAULT_STATS_INTERVAL == 0)
+    assert adaptive["collectives"] == (k - 1) + 1 + (total - k + 1) // 8 + measured
+
+    # the acceptance figures follow from the table
+    best = max(r["final"] for r in configs.values())
+    gap = max(100 * (best - configs[f"adaptive@{d}"]["final"]) for d in ("0", "delay"))
+    assert line["adaptive_acc_gap_vs_best"] == pytest.approx(gap, abs=0.01)
+    assert line["met_acc"] == (line["adaptive_acc_gap_vs_best"] <= 0.5)
+    a, b = (configs[k2]["wall_to_target"] for k2 in ("adaptive@delay", "ssgd_small@delay"))
+    if a is not None and b is not None:
+        assert line["adaptive_speedup_vs_ssgd_delay"] == pytest.approx(b / a, rel=1e-2)
+    assert line["met"] == bool(line["met_acc"] and line["met_speedup"])
