@@ -232,9 +232,9 @@ def report(result, elapsed, curves=False):
               f"{r['collectives_per_sample']:11.5f}")
     if curves:
         for key, rounds in result["runs"].items():
-            print(f"  {key} curve (samples, updates, wall, acc, strategy):",
-                  " ".join(f"({a},{u},{w:.1f},{acc:.3f},{st})"
-                           for a, u, w, acc, st in rounds[0]["curve"]))
+            print(f"  {key} curve (samples, updates, wall, acc, strategy, gns):",
+                  " ".join(f"({a},{u},{w:.1f},{acc:.3f},{st},{g})"
+                           for a, u, w, acc, st, g in rounds[0]["curve"]))
     line = summary(result, table)
     if line["met"] is not None:
         print(f"met: {line['met']}  (adaptive_acc_gap_vs_best {line['adaptive_acc_gap_vs_best']} "
@@ -321,14 +321,14 @@ def worker(args):
     class Tracker(keras.callbacks.Callback):
         """Training clock (evaluation excluded), evaluation grid, LR steps, budget."""
 
-        def __init__(self, ds, budget, per_update):
+        def __init__(self, ds, budget, policy):
             super().__init__()
-            self.ds, self.budget, self.per_update = ds, budget, per_update
+            self.ds, self.budget, self.policy = ds, budget, policy
             self.decay_at = [f * budget for f in DECAYS]
             self.excluded = 0.0
             self.t0 = None
             self.next_eval = s["eval_every"]
-            self.curve = []  # (global samples, updates, train seconds, acc, strategy)
+            self.curve = []  # (global samples, updates, train seconds, acc, strategy, gns)
             self.hit = None
             self.updates = 0
             self.strategies = []  # (update, strategy name) at each change
@@ -352,7 +352,10 @@ def worker(args):
             if samples >= self.next_eval or done:
                 wall = now - self.t0 - self.excluded
                 acc = averaged_accuracy(self.model)
-                self.curve.append((samples, self.updates, wall, acc, name))
+                gns = None
+                if self.policy is not None:
+                    gns = round(float(self.policy.measurements().get("gns", float("nan"))), 1)
+                self.curve.append((samples, self.updates, wall, acc, name, gns))
                 recent = [c[3] for c in self.curve[-SMOOTH:]]
                 if self.hit is None and len(recent) == SMOOTH and np.mean(recent) >= s["target"]:
                     self.hit = (self.updates, wall)
@@ -402,14 +405,14 @@ def worker(args):
         callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
         if policy is not None:
             callbacks.append(policy)
-        tracker = Tracker(ds, budget, workers * micro)
+        tracker = Tracker(ds, budget, policy)
         callbacks.append(tracker)
         before, delayed_before = counted(), _hvd.delayed_collectives()
         model.fit(ds.dataset, steps_per_epoch=budget // (workers * micro) + 10, epochs=1,
                   verbose=0, callbacks=callbacks)
         after = counted()
         os.environ.pop(_hvd.DELAY_ENV, None)
-        samples, updates, wall, acc, _ = tracker.curve[-1]
+        samples, updates, wall, acc = tracker.curve[-1][:4]
         return {
             "config": config, "delay_ms": delay_ms, "lr": lr, "global_batch": workers * micro,
             "samples": samples, "updates": updates, "wall": wall, "final": acc,
