@@ -154,7 +154,6 @@ def test_sync_strategies_quick():
         a, b = configs[f"{c}@0"], configs[f"{c}@delay"]
         assert (a["final"], a["updates_to_target"], a["collectives"]) == \
                (b["final"], b["updates_to_target"], b["collectives"]), c
-        assert a["wall"] < b["wall"], c
 
     # collectives counted as they ran, against the count each strategy's rule gives
     def n(c):
