@@ -92,6 +92,8 @@ def test_writes_series_step_times_and_events(tmp_path, order):
     assert list(values(series, T["lr"]).values()) == pytest.approx([0.01] * 6)
     assert set(values(series, T["workers"]).values()) == {1.0}
     assert set(values(series, T["batch_size"]).values()) == {32.0}
+    # A keras-adapt optimizer without declared strategies: AllReduceSGD at every write.
+    assert values(series, T["sync_strategy"]) == {s: 0.0 for s in [4, 8, 10, 12, 16, 20]}
     # Throughput is the global batch over the same measured step times.
     step_time = values(series, metadata.step_time_tag(0))
     for step, throughput in values(series, T["throughput"]).items():
@@ -154,6 +156,7 @@ def test_lr_schedule_and_given_batch_size_without_statistics(tmp_path):
               callbacks=[AdaptTensorBoard(log_dir, update_freq=5, batch_size=16, step_times=False)])
     series, evs = read_run(log_dir)
     assert T["gns"] not in series and not evs
+    assert T["sync_strategy"] not in series  # not a keras-adapt optimizer: no strategy
     assert not any(t.startswith(metadata.STEP_TIME_TAG_PREFIX) for t in series)
     assert set(values(series, T["batch_size"]).values()) == {16.0}
     lr = values(series, T["lr"])
@@ -163,6 +166,52 @@ def test_lr_schedule_and_given_batch_size_without_statistics(tmp_path):
         # the last applied step, one step earlier).
         candidates = [float(schedule(step)), float(schedule(step - 1))]
         assert any(value == pytest.approx(c, rel=1e-5) for c in candidates), (step, value, candidates)
+
+
+class SwitchStrategy(keras.callbacks.Callback):
+    """Switches the synchronisation strategy by hand (no event) before given updates."""
+
+    def __init__(self, switches):
+        super().__init__()
+        self.switches = switches
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step in self.switches:
+            name, params = self.switches[step]
+            self.model.optimizer.adapt_state.sync.set(name, **params)
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_sync_strategy_series_follows_switches_between_steps(tmp_path):
+    """adapt/sync_strategy holds, at each write, the index of the strategy in use then."""
+    from keras_adapt.sync import AllReduceSGD, LocalSGD, ModelAveraging
+
+    log_dir = str(tmp_path / "run")
+    x, y = small_data()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(
+        keras.optimizers.SGD(0.01), sync_strategy=[
+            AllReduceSGD(), LocalSGD(period=2), ModelAveraging(alpha=0.5)]), "mse")
+    # Before the update that takes the step count from s to s + 1.
+    switches = {5: ("local_sgd", {"period": 2}), 9: ("model_averaging", {}),
+                14: ("allreduce_sgd", {}), 18: ("local_sgd", {"period": 4})}
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[
+        SwitchStrategy(switches), AdaptTensorBoard(log_dir, update_freq=4, batch_size=32, step_times=False)])
+    assert model.optimizer.adapt_state.sync.strategy.name == "local_sgd"
+    series, _ = read_run(log_dir)
+    written = values(series, T["sync_strategy"])
+    writes = [4, 8, 10, 12, 16, 20]  # every 4 steps and at each epoch end (10 steps)
+    # Independently: the last switch made at or before each write's step
+    # (the switching callback runs before AdaptTensorBoard at a batch start).
+    expected = {}
+    for w in writes:
+        name = "allreduce_sgd"
+        for s in sorted(switches):
+            if s <= w:
+                name = switches[s][0]
+        expected[w] = float(metadata.SYNC_STRATEGIES.index(name))
+    assert written == expected == {4: 0.0, 8: 2.0, 10: 1.0, 12: 1.0, 16: 0.0, 20: 2.0}
 
 
 def test_unknown_batch_size_warns_and_skips_those_series(tmp_path):

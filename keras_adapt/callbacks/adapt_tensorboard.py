@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import keras
 from keras_adapt import _hvd, events
+from keras_adapt.optimizer import is_distributed
 from keras_adapt.record import metadata, summary
 
 #: Logs keys copied from the logs when present (DESIGN.md section 4).
@@ -85,6 +86,11 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
       from the statistics or ``batch_size`` x workers, and ``throughput``
       (samples/s) from its own timing of the steps.
+    - ``sync_strategy``: with a keras-adapt optimizer, the index in
+      ``keras_adapt.record.metadata.SYNC_STRATEGIES`` of the synchronisation
+      strategy in use at the write (``optimizer.adapt_state.sync.strategy``,
+      a host copy: no device read), whether a policy or the user switched
+      it. Not written for other optimizers (unless the logs hold it).
     - ``adapt/step_time/rank_<i>``: each worker's mean step time over the
       interval. Every worker times its own steps (from one batch start to
       the next, the first step of a ``fit`` excluded because it includes
@@ -265,6 +271,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
                 v = _to_float(value)
                 if v is not None:
                     values[metadata.TAG_PREFIX + key] = v
+        if is_distributed(optimizer):
+            # The strategy in use now: the host copy that sync.set() keeps,
+            # so a hand switch without an event is recorded too.
+            values["sync_strategy"] = float(optimizer.adapt_state.sync.strategy.index)
         if "lr" not in values:
             lr = current_learning_rate(optimizer)
             if lr is not None:
