@@ -92,8 +92,9 @@ def test_writes_series_step_times_and_events(tmp_path, order):
     assert list(values(series, T["lr"]).values()) == pytest.approx([0.01] * 6)
     assert set(values(series, T["workers"]).values()) == {1.0}
     assert set(values(series, T["batch_size"]).values()) == {32.0}
-    # A keras-adapt optimizer without declared strategies: AllReduceSGD at every write.
-    assert values(series, T["sync_strategy"]) == {s: 0.0 for s in [4, 8, 10, 12, 16, 20]}
+    # A keras-adapt optimizer without declared strategies: AllReduceSGD at
+    # the first step and at every write.
+    assert values(series, T["sync_strategy"]) == {s: 0.0 for s in [0, 4, 8, 10, 12, 16, 20]}
     # Throughput is the global batch over the same measured step times.
     step_time = values(series, metadata.step_time_tag(0))
     for step, throughput in values(series, T["throughput"]).items():
@@ -184,7 +185,7 @@ class SwitchStrategy(keras.callbacks.Callback):
 
 @pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
 def test_sync_strategy_series_follows_switches_between_steps(tmp_path):
-    """adapt/sync_strategy holds, at each write, the index of the strategy in use then."""
+    """adapt/sync_strategy: the strategy in use at the first step, at each switch and at each write."""
     from keras_adapt.sync import AllReduceSGD, LocalSGD, ModelAveraging
 
     log_dir = str(tmp_path / "run")
@@ -193,25 +194,33 @@ def test_sync_strategy_series_follows_switches_between_steps(tmp_path):
     model.compile(keras_adapt.DistributedOptimizer(
         keras.optimizers.SGD(0.01), sync_strategy=[
             AllReduceSGD(), LocalSGD(period=2), ModelAveraging(alpha=0.5)]), "mse")
-    # Before the update that takes the step count from s to s + 1.
-    switches = {5: ("local_sgd", {"period": 2}), 9: ("model_averaging", {}),
+    # Before the update that takes the step count from s to s + 1; the one
+    # at 10 comes right after the epoch-end write at step 10.
+    switches = {5: ("local_sgd", {"period": 2}), 10: ("model_averaging", {}),
                 14: ("allreduce_sgd", {}), 18: ("local_sgd", {"period": 4})}
     model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[
-        SwitchStrategy(switches), AdaptTensorBoard(log_dir, update_freq=4, batch_size=32, step_times=False)])
+        SwitchStrategy(switches), AdaptTensorBoard(log_dir, update_freq=4, batch_size=32,
+                                                   step_times=False)])
     assert model.optimizer.adapt_state.sync.strategy.name == "local_sgd"
-    series, _ = read_run(log_dir)
-    written = values(series, T["sync_strategy"])
-    writes = [4, 8, 10, 12, 16, 20]  # every 4 steps and at each epoch end (10 steps)
-    # Independently: the last switch made at or before each write's step
-    # (the switching callback runs before AdaptTensorBoard at a batch start).
+    # Independently: the strategy set by the last switch at or before each
+    # point's step (the switching callback runs before AdaptTensorBoard at a
+    # batch start), at the first step, every write (every 4 steps and at each
+    # epoch end, 10 steps) and every switch.
     expected = {}
-    for w in writes:
+    for step in sorted({0, 4, 8, 10, 12, 16, 20} | set(switches)):
         name = "allreduce_sgd"
         for s in sorted(switches):
-            if s <= w:
+            if s <= step:
                 name = switches[s][0]
-        expected[w] = float(metadata.SYNC_STRATEGIES.index(name))
-    assert written == expected == {4: 0.0, 8: 2.0, 10: 1.0, 12: 1.0, 16: 0.0, 20: 2.0}
+        expected[step] = float(metadata.SYNC_STRATEGIES.index(name))
+    assert expected == {0: 0.0, 4: 0.0, 5: 2.0, 8: 2.0, 10: 1.0, 12: 1.0, 14: 0.0, 16: 0.0,
+                        18: 2.0, 20: 2.0}
+    for loader in tensorboard_loaders.LOADERS:
+        series, _ = read_run(log_dir, loader)
+        points = [(s, v) for s, _, v in series[T["sync_strategy"]]]
+        # In step order; the last value at a step is the one that holds.
+        assert [s for s, _ in points] == sorted(s for s, _ in points), loader
+        assert dict(points) == expected, loader
 
 
 def test_unknown_batch_size_warns_and_skips_those_series(tmp_path):
