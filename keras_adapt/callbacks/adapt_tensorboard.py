@@ -114,9 +114,11 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       before this callback started) are written again as well, so the tab
       shows the same events as that file.
 
-    Nothing runs per step but a clock read: no host sync and no collective
-    between writes, and the batch hook is async-safe. Place it anywhere in
-    the callback list; open TensorBoard on the parent directory of
+    Nothing runs per step but a clock read (and a Python attribute read of
+    the strategy): no host sync and no collective between writes, and the
+    batch hook is async-safe. Place it anywhere in the callback list (after
+    the callbacks that switch strategies, to date their switches exactly);
+    open TensorBoard on the parent directory of
     ``log_dir`` (``tensorboard --logdir runs``).
 
     Args:
