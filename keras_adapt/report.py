@@ -38,7 +38,7 @@ import struct
 
 from keras_adapt.record import metadata, reader
 
-__all__ = ["RunData", "build_figure", "has_sync_strategy_panel", "has_system_series", "load_runs",
+__all__ = ["RunData", "build_figure", "format_values", "has_sync_strategy_panel", "has_system_series", "load_runs",
            "plot_runs", "png_size", "tick_label", "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
@@ -399,6 +399,37 @@ def png_size(path_or_bytes):
     return struct.unpack(">II", head[16:24])
 
 
+def format_values(values):
+    """An event's ``before``/``after`` for reading, as the Adapt tab's table shows it.
+
+    Numbers as :func:`tick_label` writes them; a strategy with its
+    parameters reads ``local_sgd (period: 8)``.
+
+    Example:
+
+    >>> from keras_adapt.report import format_values
+    >>> format_values({"batch_size": 64, "lr": 0.019999999552965164})
+    'batch_size: 64, lr: 0.02'
+    >>> format_values({"sync_strategy": "local_sgd", "period": 8}), format_values({})
+    ('local_sgd (period: 8)', '–')
+    """
+    import json
+
+    if not isinstance(values, dict):
+        return json.dumps(values)
+    if isinstance(values.get("sync_strategy"), str):
+        params = {k: v for k, v in values.items() if k != "sync_strategy"}
+        return values["sync_strategy"] + (f" ({format_values(params)})" if params else "")
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            shown = value if isinstance(value, str) else json.dumps(value)
+        else:
+            shown = tick_label(value)
+        parts.append(f"{key}: {shown}")
+    return ", ".join(parts) if parts else "–"
+
+
 def _html(runs, png_bytes, logdir):
     e = html.escape
     parts = [
@@ -426,8 +457,10 @@ def _html(runs, png_bytes, logdir):
             parts.append(
                 f'<tr class="event"><td>{ev["step"]}</td><td>{ev["epoch"]}</td><td>{e(kind)}</td>'
                 f'<td>{e(ev["policy"])}</td><td>{e(ev["reason"])}</td>'
-                f'<td class="mono">{e(json.dumps(ev["before"]))}</td>'
-                f'<td class="mono">{e(json.dumps(ev["after"]))}</td></tr>'
+                f'<td class="mono" title="{e(json.dumps(ev["before"]))}">'
+                f'{e(format_values(ev["before"]))}</td>'
+                f'<td class="mono" title="{e(json.dumps(ev["after"]))}">'
+                f'{e(format_values(ev["after"]))}</td></tr>'
             )
         parts.append("</tbody></table>")
     parts.append("</body></html>")

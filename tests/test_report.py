@@ -1,7 +1,9 @@
 """``keras-adapt report``: PNG of the expected size, HTML with the (escaped) events."""
 
 import html
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -237,6 +239,15 @@ def test_sync_strategy_panel_draws_the_series_with_the_strategy_names(tmp_path):
     assert [t.get_text() for t in fig.subfigs[0].legends[0].get_texts()] == [
         "lr (1)", "sync_strategy (2)"]
     assert any(ax.texts and ax.texts[0].get_text() == "no adaptation events" for ax in fig.axes)
+    # The HTML table reads the strategies with their parameters, as the tab does.
+    page = open(report.write_report(str(tmp_path), str(tmp_path / "r.html"), runs=["sync"]),
+                encoding="utf-8").read()
+    cells = re.findall(r'<td class="mono" title="([^"]*)">([^<]*)</td>', page)
+    assert [text for _, text in cells] == [
+        "allreduce_sgd", "local_sgd (period: 8)", "lr: 0.1", "lr: 0.01",
+        "local_sgd (period: 8)", "elastic_averaging (period: 4, rho: 0.5)"]
+    assert [json.loads(html.unescape(title)) for title, _ in cells] == [
+        v for e in switch_events for v in (e["before"], e["after"])]
     out = str(tmp_path / "sync.png")
     report.plot_runs([runs["sync"], runs["plain"]], out)
     assert report.png_size(out) == (int(report.WIDTH_IN * report.DPI),
