@@ -286,6 +286,17 @@ def test_two_workers_shared_series_from_rank0_step_times_from_both(tmp_path):
         assert sorted(written) == expected_steps, key
         # what AdaptTensorBoard wrote at the epoch's last step is that epoch's logged value
         assert written[24] == pytest.approx(system[key][0], rel=1e-6)
+    # Both ranks switched strategy at the same steps; rank 0's series shows
+    # the strategy in use at the first step, at each switch and each write.
+    switches = {int(k): v for k, v in results[0]["switches"].items()}
+    assert switches == {10: "local_sgd", 31: "allreduce_sgd"}
+    expected = {}
+    for step in [0] + expected_steps + sorted(switches):
+        earlier = [s for s in switches if s <= step]
+        expected[step] = float(metadata.SYNC_STRATEGIES.index(
+            switches[max(earlier)] if earlier else "allreduce_sgd"))
+    assert values(series, T["sync_strategy"]) == expected
+    assert {s for s, v in expected.items() if v == 2.0} == {10, 12, 18, 24, 30}
     # Each rank emitted the same events (two at each epoch end); they are
     # recorded once, all of them, with both of TensorBoard's loaders.
     assert [(e["kind"], e["step"], e["rank"]) for e in evs] == [
