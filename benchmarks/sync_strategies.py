@@ -59,9 +59,11 @@ What it measures
   graph or on the host: gradient allreduces, model averagings, statistics
   allreduces, the averaging of a strategy switch), divided by the global
   samples trained. The initial broadcast of the weights
-  (``BroadcastGlobalVariablesCallback``) is counted apart (``broadcasts``).
+  (``BroadcastGlobalVariablesCallback``) is counted apart (``broadcasts``),
+  and so are allgathers (``gathers``: a monitoring callback's, none in the
+  configurations here).
   Under the delay the slow-network hook counts the collectives it delayed
-  (``delayed``); it must equal allreduces + broadcasts.
+  (``delayed``); it must equal allreduces + broadcasts + gathers.
 * ``adaptive_acc_gap_vs_best``: best final accuracy (over every
   configuration and delay) minus the adaptive one's, in points (target
   <= 0.5); ``adaptive_speedup_vs_ssgd_delay``: ``ssgd_small``'s wall to
@@ -179,7 +181,8 @@ def aggregate(runs):
             "updates": first["updates"], "samples": first["samples"],
             "collectives": first["collectives"],
             "collectives_per_sample": round(first["collectives"] / first["samples"], 6),
-            "broadcasts": first["broadcasts"], "delayed": first["delayed"],
+            "broadcasts": first["broadcasts"], "gathers": first["gathers"],
+            "delayed": first["delayed"],
             "strategies": first["strategies"], "events": first["events"],
         }
         if any(r["collectives"] != first["collectives"] for r in rounds):
@@ -265,12 +268,12 @@ def worker(args):
     load_before = os.getloadavg()[0]
 
     # Count the collectives as they run: every horovod allreduce and
-    # broadcast keras-adapt issues goes through these module attributes
+    # broadcast and allgather keras-adapt issues goes through these module attributes
     # (looked up at call time), in the graph and on the host. A counter
     # increment next to the collective runs exactly when the collective does
     # (inside whichever branch of the strategy's tf.cond is taken).
     counts = {kind: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"count_{kind}")
-              for kind in ("allreduce", "broadcast")}
+              for kind in ("allreduce", "broadcast", "allgather")}
     originals = {}
 
     def counting(name, kind):
@@ -283,7 +286,7 @@ def worker(args):
         setattr(hvd, name, wrapped)
 
     for name, kind in (("allreduce", "allreduce"), ("grouped_allreduce", "allreduce"),
-                       ("broadcast", "broadcast")):
+                       ("broadcast", "broadcast"), ("allgather", "allgather")):
         counting(name, kind)
 
     def counted():
@@ -420,6 +423,7 @@ def worker(args):
             "wall_to_target": tracker.hit and tracker.hit[1],
             "collectives": after["allreduce"] - before["allreduce"],
             "broadcasts": after["broadcast"] - before["broadcast"],
+            "gathers": after["allgather"] - before["allgather"],
             "delayed": _hvd.delayed_collectives() - delayed_before if delay_ms else None,
             "strategies": tracker.strategies,
             "events": [] if policy is None else [

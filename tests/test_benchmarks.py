@@ -145,6 +145,7 @@ def test_sync_strategies_quick():
         if run["delay_ms"] > 0:
             # the slow-network hook delayed exactly what was counted, and each
             # collective waited 20 ms (the first update, not timed, holds at most 2)
+            assert run["gathers"] == 0
             assert run["delayed"] == run["collectives"] + run["broadcasts"]
             assert run["wall"] >= 0.020 * (run["collectives"] - 2)
         else:
