@@ -2,13 +2,13 @@
 
 Run from the repository (it launches itself on 2 local workers, Gloo):
 
-    .venv/bin/python benchmarks/sync_strategies.py            # primary stack (~5 min)
+    .venv/bin/python benchmarks/sync_strategies.py            # primary stack (~10-15 min)
     .venv-keras2/bin/python benchmarks/sync_strategies.py     # legacy stack
     .venv/bin/python benchmarks/sync_strategies.py --quick    # smoke run (< 1 min)
 
 What it runs
 ------------
-scikit-learn's digits (1297 train, 500 test samples, shipped with
+scikit-learn's digits (1300 train, 497 test samples, shipped with
 scikit-learn, no download), a 64-128-128-10 ReLU MLP, SGD with momentum
 0.9, trained seven ways in the same two worker processes, from the same
 initial weights, on the same seeded, sharded data stream
