@@ -401,9 +401,10 @@ def noise_scale(run):
     >>> from keras_adapt.report import RunData
     >>> pts = [(s, 0.0, v) for s, v in enumerate([50.0, 80.0, 90.0, 100.0, 110.0, 900.0, 105.0, 100.0])]
     >>> noise_scale(RunData("r", {"adapt/gns": pts}, []))
-    (102.5, 'median of the last 2 of 8 adapt/gns points (steps 6-7)')
+    (102.5, 'median of the last 2 of 8 adapt/gns points, steps 6-7 of a run recorded to step 7')
     """
     tag = metadata.SCALAR_TAGS["gns"]
+    last = max((p[0] for points in run.series.values() for p in points), default=None)
     points = [(s, v) for s, _w, v in run.series.get(tag, []) if v is not None and v > 0]
     if not points:
         return None
@@ -411,8 +412,8 @@ def noise_scale(run):
     values = sorted(v for _s, v in tail)
     mid = len(values) // 2
     phi = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
-    return float(phi), (f"median of the last {len(tail)} of {len(points)} {tag} points "
-                        f"(steps {tail[0][0]}-{tail[-1][0]})")
+    return float(phi), (f"median of the last {len(tail)} of {len(points)} {tag} points, "
+                        f"steps {tail[0][0]}-{tail[-1][0]} of a run recorded to step {last}")
 
 
 # -- the plan -----------------------------------------------------------------
@@ -804,14 +805,14 @@ def format_table(plan):
         head += ["ckpt every", "preempt. time"]
         if "preemptible" in plan.prices:
             head.append(f"cost @{plan.prices['preemptible']:g}")
-    table, footnotes = [head], []
+    table, footnotes = [head], {}
     for r in plan.rows:
         if r.status != "ok":
-            footnotes.append(f"N={r.workers} B={r.batch_size}: {r.status}")
+            footnotes.setdefault((r.workers, r.status), []).append(r.batch_size)
             continue
         mark = ""
         if r.flags:
-            footnotes.append(f"N={r.workers} B={r.batch_size}: " + "; ".join(r.flags))
+            footnotes.setdefault((r.workers, "; ".join(r.flags)), []).append(r.batch_size)
             mark = "*"
         cells = [str(r.workers), str(r.batch_size), f"{r.micro_batch} x {r.accumulation}",
                  f"{r.step_seconds:.4g} ±{r.step_std / r.step_seconds:.1%}{mark}", f"{r.throughput:,.0f}",
@@ -830,5 +831,6 @@ def format_table(plan):
     if footnotes:
         lines.append("")
         lines.append("* not sure, or not planned:")
-        lines.extend(f"  {f}" for f in footnotes)
+        lines.extend(f"  N={n} B={','.join(map(str, batches))}: {text}"
+                     for (n, text), batches in footnotes.items())
     return "\n".join(lines)

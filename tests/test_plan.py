@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import horovodrun, load_rank_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -209,3 +210,144 @@ def test_single_worker_run_cannot_predict_more_workers(tmp_path):
     assert rows[(2, 64)].status.startswith("no prediction: workers=2: no multi-worker")
     assert rows[(2, 100)].status.startswith("no prediction")
     assert rows[(1, 100)].status == "ok" and rows[(1, 100)].sure
+
+
+def test_a_real_two_worker_run_gives_a_plan(tmp_path):
+    from keras_adapt import plan, report
+
+    log_dir, out = tmp_path / "logs" / "run", tmp_path / "out"
+    out.mkdir()
+    horovodrun("plan_worker.py", ["--out", out, "--log_dir", log_dir], np=2, timeout=300)
+    ran = sorted({tuple(c) for c in load_rank_results(str(out), 2)[0]["configurations"]})
+    (run,) = report.load_runs(str(tmp_path / "logs"), max_points=None)
+    obs = plan.run_observations(run)
+    # The configurations the plan reads back are the ones the workers ran.
+    assert obs.configurations() == ran and obs.unknown == 0 and obs.notes == []
+    p = plan.make_plan(str(tmp_path / "logs"), 1e6, workers=[1, 2, 4], price_on_demand=1.0)
+    rows = {(r.workers, r.batch_size): r for r in p.rows}
+    # Every interval the workers wrote at 2 workers: N = 2 is predicted, N = 1 flagged
+    # (the sync cost cannot be told from the fixed costs), N = 4 not predicted.
+    base = rows[(2, p.base_batch)]
+    assert base.status == "ok" and not any(f.startswith("not determined") for f in base.flags)
+    assert base.seconds == pytest.approx(1e6 / p.base_batch * base.step_seconds)
+    assert base.cost == pytest.approx(2 * base.seconds / 3600.0)
+    assert any(f.startswith("not determined") for f in rows[(1, p.base_batch)].flags)
+    assert rows[(4, p.base_batch)].status.startswith("no prediction: workers=4")
+    # The fit's prediction for an observed configuration is near its measured median.
+    measured = sorted([o.update_seconds for o in obs.observations
+                       if (o.micro_batch, o.workers, o.accumulation) == (256, 2, 1)][1:])
+    median = measured[len(measured) // 2]
+    assert rows[(2, 512)].micro_batch == 256
+    assert rows[(2, 512)].step_seconds == pytest.approx(median, rel=0.35)
+
+
+def _cli(*args):
+    env = {k: v for k, v in os.environ.items()}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.path.join(ROOT, "plugins"),
+                                                      env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "keras_adapt", "plan", *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_json_is_one_document_with_the_library_numbers(synthetic):
+    from keras_adapt import plan
+
+    proc = _cli(synthetic, "--samples", "2e6", "--workers", "2,8", "--batch-sizes", "256,1024",
+                "--price-on-demand", "3", "--price-preemptible", "0.9",
+                "--revocations-per-hour", "0.05", "--checkpoint-seconds", "30",
+                "--restart-seconds", "120", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    expected = plan.make_plan(synthetic, 2e6, workers=[2, 8], batch_sizes=[256, 1024],
+                              price_on_demand=3, price_preemptible=0.9,
+                              revocations_per_hour=0.05, checkpoint_seconds=30,
+                              restart_seconds=120).to_dict()
+    assert doc == json.loads(json.dumps(expected))
+    assert doc["noise_scale"]["value"] == pytest.approx(PHI, rel=1e-6)
+    assert doc["base_batch"] == {"value": 16, "source": "the run's first global batch"}
+    assert doc["observations"]["mixed_dropped"] == len(SEGMENTS) - 1
+    rows = {(r["workers"], r["batch_size"]): r for r in doc["rows"]}
+    r = rows[(2, 256)]
+    t = true_update_seconds(128, 2, 1)
+    hours = 2e6 * (PHI + 256) / (PHI + 16) / 256 * t / 3600
+    assert r["cost"] == pytest.approx(3 * 2 * hours, rel=1e-5) and r["sure"] is True
+    assert rows[(8, 1024)]["sure"] is False and rows[(8, 1024)]["flags"]
+
+
+def test_cli_table_is_aligned(synthetic, capsys):
+    from keras_adapt import cli
+
+    assert cli.main(["plan", synthetic, "--samples", "1e6", "--workers", "1,4",
+                     "--batch-sizes", "64,512"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("workers"))
+    table = lines[start:start + 5]
+    assert len({len(line) for line in table}) == 1  # right-aligned columns, equal width
+    assert [line.split()[:2] for line in table[1:]] == [["1", "64"], ["1", "512"], ["4", "64"],
+                                                        ["4", "512"]]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--samples", "0"], "--samples=0.0 is not valid; pass a finite number > 0"),
+    (["--samples", "1e6", "--price-on-demand", "-1"],
+     "--price-on-demand=-1.0 is not valid; pass a finite number >= 0"),
+    (["--samples", "1e6", "--price-preemptible", "0.3"],
+     "--price-preemptible needs --revocations-per-hour, --checkpoint-seconds and "
+     "--restart-seconds"),
+    (["--samples", "1e6", "--revocations-per-hour", "0.1"],
+     "missing: --checkpoint-seconds, --restart-seconds"),
+    (["--samples", "1e6", "--revocations-per-hour", "nan", "--checkpoint-seconds", "1",
+      "--restart-seconds", "1"], "--revocations-per-hour=nan is not valid"),
+    (["--samples", "1e6", "--workers", "2,0"], "'2,0' is not valid; pass comma-separated "
+     "integers >= 1"),
+    (["--samples", "1e6", "--run", "nope"], "run='nope' has no adapt data"),
+])
+def test_cli_bad_options_name_the_value_and_the_fix(synthetic, args, message, capsys):
+    from keras_adapt import cli
+
+    try:
+        code = cli.main(["plan", synthetic, *args])
+    except SystemExit as exc:  # argparse rejects a malformed list itself
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
+def test_errors_for_logs_that_cannot_give_a_plan(tmp_path):
+    import tensorflow as tf
+
+    from keras_adapt import plan
+    from keras_adapt.record import summary
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(plan.PlanError, match="no run under .* has adapt data; train with "
+                       r"keras_adapt.callbacks.AdaptTensorBoard\(log_dir=...\)"):
+        plan.make_plan(str(empty), 1e6)
+    # Adapt data but no step times.
+    with tf.summary.create_file_writer(str(tmp_path / "lr" / "run")).as_default():
+        summary.scalar("lr", 0.1, step=1)
+    with pytest.raises(plan.PlanError, match=r"no run under .* recorded step times .* step_times=True\)"):
+        plan.make_plan(str(tmp_path / "lr"), 1e6)
+    # Too few observations: one configuration.
+    write_run(str(tmp_path / "one" / "run"), [(32, 2, 1)], writes=4)
+    with pytest.raises(plan.PlanError, match=r"too few observations to fit the throughput model: "
+                       r"4 usable write intervals in 1 configuration\(s\) \(b=32 N=2 k=1\).*"
+                       "Record a run that visits at least 4-6 batch sizes"):
+        plan.make_plan(str(tmp_path / "one"), 1e6)
+    # Step times that do not follow the configuration: the fit loses to a constant.
+    noise = [0.05, 0.03, 0.07, 0.04, 0.06]
+    flat = str(tmp_path / "flat" / "run")
+    write_run(flat, [(16, 1, 1), (32, 1, 1), (64, 1, 1), (128, 1, 1), (256, 1, 1)], writes=5)
+    with tf.summary.create_file_writer(flat).as_default():  # overwrite every time: noise
+        for i, s in enumerate(range(FREQ, 30 * FREQ, FREQ)):
+            summary.step_time(0, noise[i % 5] * (1 + 0.37 * ((i * 7) % 3)), step=s)
+    with pytest.raises(plan.PlanError, match="the throughput model cannot be used: held-out "
+                       "MAPE .* does not beat the constant model"):
+        plan.make_plan(str(tmp_path / "flat"), 1e6)
+    # Two timed runs: which one?
+    write_run(str(tmp_path / "two" / "a"), SEGMENTS[:4] + [(32, 1, 1)])
+    write_run(str(tmp_path / "two" / "b"), SEGMENTS[:4] + [(32, 1, 1)])
+    with pytest.raises(plan.PlanError, match=r"2 runs under .* \(a, b\); choose one with --run"):
+        plan.make_plan(str(tmp_path / "two"), 1e6)
+    assert plan.make_plan(str(tmp_path / "two"), 1e6, run="b").run == "b"
