@@ -62,7 +62,7 @@ from keras_adapt.record import metadata
 
 __all__ = ["NOISE_SCALE_TAIL", "Observation", "Plan", "PlanError", "PreemptibleEstimate", "Row",
            "RunObservations", "UNCERTAIN", "format_table", "make_plan", "noise_scale",
-           "preemptible_time", "run_observations", "samples_needed", "split_batch"]
+           "plan_run", "preemptible_time", "run_observations", "samples_needed", "split_batch"]
 
 #: The late part of the run whose median noise scale the plan uses: the
 #: last quarter of the ``adapt/gns`` points.
@@ -329,7 +329,7 @@ def run_observations(run):
     ...                     "adapt/workers": [(s, 0.0, 2.0) for s in (10, 20, 30)],
     ...                     "adapt/batch_size": [(s, 0.0, 64.0) for s in (10, 20, 30)]}, [])
     >>> obs = run_observations(run)
-    >>> obs.observations[0], obs.notes[0][:40]
+    >>> obs.observations[0], obs.notes[0][:41]
     (Observation(step=10, micro_batch=32, workers=2, accumulation=1, update_seconds=0.01), 'no batch_size event gives the micro-batch')
     """
     series = run.series
@@ -464,9 +464,10 @@ class Plan:
 
     Example:
 
+    >>> import dataclasses
     >>> from keras_adapt.plan import Plan
-    >>> Plan.__dataclass_fields__["rows"].type
-    'list'
+    >>> [f.name for f in dataclasses.fields(Plan)][:4]
+    ['run', 'samples', 'base_batch', 'base_batch_source']
     """
 
     run: str
@@ -520,8 +521,8 @@ def _clean(value):
     return value
 
 
-def _check_number(name, value, minimum=0.0, strict=False, flag=None):
-    label = flag or name
+def _check_number(name, value, minimum=0.0, strict=False):
+    label = name
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
             or value < minimum or (strict and value == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
@@ -529,8 +530,8 @@ def _check_number(name, value, minimum=0.0, strict=False, flag=None):
     return float(value)
 
 
-def _check_ints(name, values, flag=None):
-    label = flag or name
+def _check_ints(name, values):
+    label = name
     if isinstance(values, (str, bytes)) or not values:
         raise PlanError(f"{label}={values!r} is not valid; pass a non-empty list of ints >= 1, "
                         "e.g. 1,2,4,8")
@@ -611,6 +612,41 @@ def _flags(fit, b, n, k, prediction, configs):
     return tuple(flags)
 
 
+def _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
+             revocations_per_hour, checkpoint_seconds, restart_seconds, noise_scale_value,
+             base_batch, max_micro_batch, warmup, min_observations):
+    """Checks the options, before any log is read; returns them cleaned."""
+    samples = _check_number("samples", samples, 0.0, strict=True)
+    workers = _check_ints("workers", workers)
+    if batch_sizes is not None:
+        batch_sizes = _check_ints("batch_sizes", batch_sizes)
+    prices = {}
+    for name, value in (("on_demand", price_on_demand), ("preemptible", price_preemptible)):
+        if value is not None:
+            prices[name] = _check_number(f"price_{name}", value)
+    preempt = {"revocations_per_hour": revocations_per_hour,
+               "checkpoint_seconds": checkpoint_seconds, "restart_seconds": restart_seconds}
+    given = {k: v for k, v in preempt.items() if v is not None}
+    if given and len(given) < 3:
+        missing = ", ".join(k for k in preempt if k not in given)
+        raise PlanError(f"preemptible planning needs revocations_per_hour, checkpoint_seconds "
+                        f"and restart_seconds; missing: {missing}")
+    if "preemptible" in prices and not given:
+        raise PlanError("price_preemptible needs revocations_per_hour, checkpoint_seconds and "
+                        "restart_seconds (the revocation rate per worker-hour and the seconds "
+                        "one checkpoint and one restart take)")
+    preempt = {k: _check_number(k, v) for k, v in given.items()}
+    if noise_scale_value is not None:
+        noise_scale_value = _check_number("noise_scale", noise_scale_value, 0.0, strict=True)
+    for name, value in (("base_batch", base_batch), ("max_micro_batch", max_micro_batch)):
+        if value is not None:
+            _check_ints(name, [value])
+    return dict(samples=samples, workers=workers, batch_sizes=batch_sizes, prices=prices,
+                preempt=preempt, noise_scale_value=noise_scale_value, base_batch=base_batch,
+                max_micro_batch=max_micro_batch, warmup=warmup,
+                min_observations=min_observations)
+
+
 def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=None,
               price_on_demand=None, price_preemptible=None, revocations_per_hour=None,
               checkpoint_seconds=None, restart_seconds=None, noise_scale_value=None,
@@ -652,35 +688,51 @@ def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=No
     ...
     keras_adapt.plan.PlanError: no run under ... has adapt data; train with keras_adapt.callbacks.AdaptTensorBoard(log_dir=...) under that folder
     """
-    samples = _check_number("samples", samples, 0.0, strict=True)
-    workers = _check_ints("workers", workers)
-    if batch_sizes is not None:
-        batch_sizes = _check_ints("batch_sizes", batch_sizes)
-    prices = {}
-    for name, value in (("on_demand", price_on_demand), ("preemptible", price_preemptible)):
-        if value is not None:
-            prices[name] = _check_number(f"price_{name}", value)
-    preempt = {"revocations_per_hour": revocations_per_hour,
-               "checkpoint_seconds": checkpoint_seconds, "restart_seconds": restart_seconds}
-    given = {k: v for k, v in preempt.items() if v is not None}
-    if given and len(given) < 3:
-        missing = ", ".join(k for k in preempt if k not in given)
-        raise PlanError(f"preemptible planning needs revocations_per_hour, checkpoint_seconds "
-                        f"and restart_seconds; missing: {missing}")
-    if "preemptible" in prices and not given:
-        raise PlanError("price_preemptible needs revocations_per_hour, checkpoint_seconds and "
-                        "restart_seconds (the revocation rate per worker-hour and the seconds "
-                        "one checkpoint and one restart take)")
-    preempt = {k: _check_number(k, v) for k, v in given.items()}
-    if noise_scale_value is not None:
-        noise_scale_value = _check_number("noise_scale", noise_scale_value, 0.0, strict=True)
-    for name, value in (("base_batch", base_batch), ("max_micro_batch", max_micro_batch)):
-        if value is not None:
-            _check_ints(name, [value])
+    options = _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
+                       revocations_per_hour, checkpoint_seconds, restart_seconds,
+                       noise_scale_value, base_batch, max_micro_batch, warmup, min_observations)
     from keras_adapt import report
 
     run_data = _pick_run(report.load_runs(logdir, runs=None if run is None else [run],
                                           max_points=None), logdir, run)
+    return _plan(run_data, **options)
+
+
+def plan_run(run_data, samples, workers=DEFAULT_WORKERS, batch_sizes=None,
+             price_on_demand=None, price_preemptible=None, revocations_per_hour=None,
+             checkpoint_seconds=None, restart_seconds=None, noise_scale_value=None,
+             base_batch=None, max_micro_batch=None, warmup=1, min_observations=2):
+    """:func:`make_plan` for a run already read (a :class:`keras_adapt.report.RunData`).
+
+    Example (a run at one worker whose update takes ``0.004 + 1e-4*b``
+    seconds, written every 10 updates, the global batch doubling every 40
+    updates, no ``batch_size`` events, so ``k = 1`` is assumed):
+
+    >>> from keras_adapt import plan
+    >>> from keras_adapt.report import RunData
+    >>> steps = range(10, 210, 10)
+    >>> batch = {s: 16 * 2 ** ((s - 10) // 40) for s in steps}     # 16 ... 256
+    >>> run = RunData("demo", {
+    ...     "adapt/step_time/rank_0": [(s, 0.0, 0.004 + 1e-4 * batch[s]) for s in steps],
+    ...     "adapt/workers": [(s, 0.0, 1.0) for s in steps],
+    ...     "adapt/batch_size": [(s, 0.0, float(batch[s])) for s in steps],
+    ...     "adapt/gns": [(s, 0.0, 200.0) for s in steps]}, [])
+    >>> p = plan.plan_run(run, samples=1e6, workers=[1], batch_sizes=[64, 512],
+    ...                   price_on_demand=2.0)
+    >>> [(r.batch_size, r.micro_batch, r.accumulation, round(r.step_seconds, 4),
+    ...   round(r.seconds, 1), round(r.cost, 3)) for r in p.rows]
+    [(64, 64, 1, 0.0104, 198.6, 0.11), (512, 256, 2, 0.0592, 381.1, 0.212)]
+    >>> [f.split(":")[0] for f in p.rows[1].flags]   # k = 1 only: its fixed cost is a guess
+    ['not determined', 'accumulation 2 outside the observed 1-1']
+    """
+    options = _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
+                       revocations_per_hour, checkpoint_seconds, restart_seconds,
+                       noise_scale_value, base_batch, max_micro_batch, warmup, min_observations)
+    return _plan(_pick_run([run_data], run_data.name, run_data.name), **options)
+
+
+def _plan(run_data, samples, workers, batch_sizes, prices, preempt, noise_scale_value,
+          base_batch, max_micro_batch, warmup, min_observations):
     obs = run_observations(run_data)
     fit = _fit(run_data, obs, warmup, min_observations)
     configs = obs.configurations()
@@ -771,9 +823,31 @@ def format_table(plan):
 
     Example:
 
-    >>> from keras_adapt.plan import format_table
-    >>> format_table.__name__
-    'format_table'
+    >>> from keras_adapt import plan
+    >>> from keras_adapt.report import RunData
+    >>> steps = range(10, 210, 10)
+    >>> batch = {s: 16 * 2 ** ((s - 10) // 40) for s in steps}     # 16 ... 256
+    >>> run = RunData("demo", {
+    ...     "adapt/step_time/rank_0": [(s, 0.0, 0.004 + 1e-4 * batch[s]) for s in steps],
+    ...     "adapt/workers": [(s, 0.0, 1.0) for s in steps],
+    ...     "adapt/batch_size": [(s, 0.0, float(batch[s])) for s in steps],
+    ...     "adapt/gns": [(s, 0.0, 200.0) for s in steps]}, [])
+    >>> p = plan.plan_run(run, samples=1e6, workers=[1, 2], batch_sizes=[64, 512])
+    >>> print(plan.format_table(p))
+    run: demo
+    samples: 1,000,000 at base batch 16 (the run's first global batch)
+    noise scale: 200 (median of the last 5 of 20 adapt/gns points, steps 160-200 of ...)
+    throughput model (base): held-out MAPE 0.00% over 5 configurations (constant model 86.47%), ...
+    dropped: 4 intervals with a configuration change, 0 without a known configuration
+    note: no batch_size event gives the micro-batch and accumulation, ...
+    <BLANKLINE>
+    workers  batch    b x k     update (s)  samples/s  effic.    samples  time
+          1     64   64 x 1   0.0104 ±0.0%      6,154   0.818  1,222,222  3.3m
+          1    512  256 x 2  0.0592 ±0.0%*      8,649   0.303  3,296,296  6.4m
+    <BLANKLINE>
+    * not sure, or not planned:
+      N=1 B=512: not determined: ...; accumulation 2 outside the observed 1-1
+      N=2 B=64,512: no prediction: workers=2: no multi-worker configuration was observed, ...
     """
     fit, obs = plan.fit, plan.observations
     configs = obs.configurations()
