@@ -329,8 +329,10 @@ def run_observations(run):
     ...                     "adapt/workers": [(s, 0.0, 2.0) for s in (10, 20, 30)],
     ...                     "adapt/batch_size": [(s, 0.0, 64.0) for s in (10, 20, 30)]}, [])
     >>> obs = run_observations(run)
-    >>> obs.observations[0], obs.notes[0][:41]
-    (Observation(step=10, micro_batch=32, workers=2, accumulation=1, update_seconds=0.01), 'no batch_size event gives the micro-batch')
+    >>> obs.observations[0]
+    Observation(step=10, micro_batch=32, workers=2, accumulation=1, update_seconds=0.01)
+    >>> obs.notes[0][:41]
+    'no batch_size event gives the micro-batch'
     """
     series = run.series
     prefix = metadata.STEP_TIME_TAG_PREFIX
@@ -399,7 +401,8 @@ def noise_scale(run):
 
     >>> from keras_adapt.plan import noise_scale
     >>> from keras_adapt.report import RunData
-    >>> pts = [(s, 0.0, v) for s, v in enumerate([50.0, 80.0, 90.0, 100.0, 110.0, 900.0, 105.0, 100.0])]
+    >>> values = [50.0, 80.0, 90.0, 100.0, 110.0, 900.0, 105.0, 100.0]
+    >>> pts = [(s, 0.0, v) for s, v in enumerate(values)]
     >>> noise_scale(RunData("r", {"adapt/gns": pts}, []))
     (102.5, 'median of the last 2 of 8 adapt/gns points, steps 6-7 of a run recorded to step 7')
     """
@@ -460,7 +463,7 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The result of :func:`make_plan`: its inputs, the model and one :class:`Row` per configuration.
+    """What :func:`make_plan` returns: its inputs, the model, one :class:`Row` per configuration.
 
     Example:
 
@@ -686,7 +689,7 @@ def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=No
     >>> make_plan(tempfile.mkdtemp(), samples=1e6)
     Traceback (most recent call last):
     ...
-    keras_adapt.plan.PlanError: no run under ... has adapt data; train with keras_adapt.callbacks.AdaptTensorBoard(log_dir=...) under that folder
+    keras_adapt.plan.PlanError: no run under ... has adapt data; train with ...
     """
     options = _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
                        revocations_per_hour, checkpoint_seconds, restart_seconds,
@@ -889,7 +892,8 @@ def format_table(plan):
             footnotes.setdefault((r.workers, "; ".join(r.flags)), []).append(r.batch_size)
             mark = "*"
         cells = [str(r.workers), str(r.batch_size), f"{r.micro_batch} x {r.accumulation}",
-                 f"{r.step_seconds:.4g} ±{r.step_std / r.step_seconds:.1%}{mark}", f"{r.throughput:,.0f}",
+                 f"{r.step_seconds:.4g} ±{r.step_std / r.step_seconds:.1%}{mark}",
+                 f"{r.throughput:,.0f}",
                  f"{r.efficiency:.3f}", f"{r.samples:,.0f}", _duration(r.seconds)]
         if "on_demand" in plan.prices:
             cells.append(_num(r.cost, ",.2f"))

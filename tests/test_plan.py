@@ -327,7 +327,8 @@ def test_errors_for_logs_that_cannot_give_a_plan(tmp_path):
     # Adapt data but no step times.
     with tf.summary.create_file_writer(str(tmp_path / "lr" / "run")).as_default():
         summary.scalar("lr", 0.1, step=1)
-    with pytest.raises(plan.PlanError, match=r"no run under .* recorded step times .* step_times=True\)"):
+    with pytest.raises(plan.PlanError,
+                       match=r"no run under .* recorded step times .* step_times=True\)"):
         plan.make_plan(str(tmp_path / "lr"), 1e6)
     # Too few observations: one configuration.
     write_run(str(tmp_path / "one" / "run"), [(32, 2, 1)], writes=4)
