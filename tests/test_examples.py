@@ -106,3 +106,19 @@ def test_sync_strategies_example_switches_to_post_local_sgd_after_the_decay(tmp_
     assert "strategies: allreduce_sgd" in proc.stdout and "-> local_sgd" in proc.stdout
     acc = float(proc.stdout.split("test accuracy")[1].split()[0])
     assert acc > 0.9
+    # What the Adapt tab and the report draw: the strategy series switches
+    # exactly at each switch's step (the policy runs before AdaptTensorBoard),
+    # and the run gets the sync strategy panel.
+    from keras_adapt import report
+    from keras_adapt.record import metadata
+
+    (run,) = report.load_runs(str(tmp_path))
+    points = dict((s, v) for s, _, v in run.series[metadata.SCALAR_TAGS["sync_strategy"]])
+    switches = {e["step"]: e["after"]["sync_strategy"] for e in events
+                if e["kind"] == "sync_strategy"}
+    for step in sorted(points):
+        earlier = [s for s in switches if s <= step]
+        name = switches[max(earlier)] if earlier else "allreduce_sgd"
+        assert metadata.SYNC_STRATEGIES[int(points[step])] == name, (step, points[step])
+    assert set(switches) <= set(points)
+    assert report.has_sync_strategy_panel(run)
