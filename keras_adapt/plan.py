@@ -254,6 +254,10 @@ class RunObservations:
         unknown: intervals dropped because their configuration could not be
             told (no batch size or worker count recorded for them).
         notes: assumptions made, one sentence each.
+        other_sync: intervals dropped because a synchronisation strategy
+            other than S-SGD (``allreduce_sgd``) ran in them (the
+            ``adapt/sync_strategy`` series): the model prices one allreduce
+            per update.
 
     Example:
 
@@ -266,6 +270,7 @@ class RunObservations:
     mixed: int
     unknown: int
     notes: list
+    other_sync: int = 0
 
     def configurations(self):
         """The distinct ``(b, N, k)`` observed, sorted."""
@@ -318,7 +323,8 @@ def run_observations(run):
     ``w0`` up to ``w``; a ``batch_size`` event at step ``s`` governs the
     updates after ``s``, so the interval is dropped as mixed when
     ``w0 < s < w`` or when the worker count differs between the two writes
-    (without events, also when the global batch does).
+    (without events, also when the global batch does); an interval in
+    which a strategy other than S-SGD ran is dropped too (``other_sync``).
 
     Example:
 
@@ -349,7 +355,9 @@ def run_observations(run):
     if not changes:
         notes.append("no batch_size event gives the micro-batch and accumulation, so every "
                      "interval is taken as accumulation 1 and micro-batch = batch / workers")
-    out, mixed, unknown, previous = [], 0, 0, None
+    strategy = series.get(metadata.SCALAR_TAGS["sync_strategy"], [])
+    allreduce = float(metadata.SYNC_STRATEGIES.index("allreduce_sgd"))
+    out, mixed, unknown, other_sync, previous = [], 0, 0, 0, None
     for w in sorted(by_step):
         n = _positive_int(_value_at(workers, w))
         n0 = _positive_int(_value_at(workers, previous)) if previous is not None else n
@@ -361,6 +369,10 @@ def run_observations(run):
             continue
         if n0 != n:
             mixed += 1
+            continue
+        if _value_at(strategy, w0) not in (None, allreduce) or any(
+                w0 < s <= w and v not in (None, allreduce) for s, _wall, v in strategy):
+            other_sync += 1
             continue
         if changes:
             if any(w0 < e["step"] < w for e in changes):
@@ -386,7 +398,7 @@ def run_observations(run):
             continue
         times = by_step[w]
         out.append(Observation(w, b, n, k, k * sum(times) / len(times)))
-    return RunObservations(out, mixed, unknown, notes)
+    return RunObservations(out, mixed, unknown, notes, other_sync)
 
 
 def noise_scale(run):
@@ -502,6 +514,7 @@ class Plan:
                       "reason": fit.reason},
             "observations": {"used": fit.num_observations, "intervals": len(obs.observations),
                              "mixed_dropped": obs.mixed, "unknown_dropped": obs.unknown,
+                             "other_sync_dropped": obs.other_sync,
                              "configurations": [list(c) for c in configs], "notes": obs.notes},
             "prices": self.prices,
             "preemption": self.preemption,
@@ -841,7 +854,7 @@ def format_table(plan):
     samples: 1,000,000 at base batch 16 (the run's first global batch)
     noise scale: 200 (median of the last 5 of 20 adapt/gns points, steps 160-200 of ...)
     throughput model (base): held-out MAPE 0.00% over 5 configurations (constant model 86.47%), ...
-    dropped: 4 intervals with a configuration change, 0 without a known configuration
+    dropped: 4 intervals with a configuration change, 0 without a known configuration, ...
     note: no batch_size event gives the micro-batch and accumulation, ...
     <BLANKLINE>
     workers  batch    b x k     update (s)  samples/s  effic.    samples  time
@@ -865,9 +878,10 @@ def format_table(plan):
         f"{sorted({c[1] for c in configs})}, micro-batch {sorted({c[0] for c in configs})}, "
         f"accumulation {sorted({c[2] for c in configs})}",
     ]
-    if obs.mixed or obs.unknown:
+    if obs.mixed or obs.unknown or obs.other_sync:
         lines.append(f"dropped: {obs.mixed} intervals with a configuration change, "
-                     f"{obs.unknown} without a known configuration")
+                     f"{obs.unknown} without a known configuration, {obs.other_sync} under "
+                     "a synchronisation strategy other than S-SGD")
     lines.extend(f"note: {n}" for n in obs.notes)
     if plan.preemption:
         p = plan.preemption

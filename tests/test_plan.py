@@ -37,8 +37,11 @@ def true_update_seconds(b, n, k):
             + TRUE["sync_bandwidth"] * (n - 1) / n + TRUE["sync_latency"] * (n - 1))
 
 
-def write_run(run_dir, segments, writes=5, phi=PHI):
-    """Writes a run visiting ``segments`` [(b, N, k)] in order; returns the write steps."""
+def write_run(run_dir, segments, writes=5, phi=PHI, local_sgd=()):
+    """Writes a run visiting ``segments`` [(b, N, k)] in order; returns the write steps.
+
+    In the segments whose index is in ``local_sgd`` the run used local SGD
+    (``adapt/sync_strategy`` 2) and its updates were 3x faster: not S-SGD."""
     import tensorflow as tf
 
     from keras_adapt import events
@@ -61,6 +64,8 @@ def write_run(run_dir, segments, writes=5, phi=PHI):
             for j in range(writes + (1 if changed else 0)):
                 step += FREQ
                 t = true_update_seconds(b, n, k)
+                if i in local_sgd:
+                    t = t / 3.0
                 if changed and j == 0:
                     t = 7.0 * t  # straddles the change: must be dropped
                 elif j == (1 if changed else 0):
@@ -68,6 +73,7 @@ def write_run(run_dir, segments, writes=5, phi=PHI):
                 for r in range(n):  # ranks differ, their mean is the truth
                     summary.step_time(r, t / k * (1.0 + 0.01 * (r - (n - 1) / 2.0)), step=step)
                 summary.scalar("workers", n, step=step)
+                summary.scalar("sync_strategy", 2.0 if i in local_sgd else 0.0, step=step)
                 summary.scalar("batch_size", n * b * k, step=step)
                 index = len(wrote)
                 # The noise scale rises early, then stays near PHI with an outlier.
@@ -99,6 +105,7 @@ def test_observations_recover_the_configurations_and_drop_mixed_intervals(synthe
     # Every change (10 of them) leaves one mixed interval: 7 batch_size events
     # inside an interval, 3 worker-count changes (no event) between writes.
     assert obs.mixed == len(SEGMENTS) - 1 and obs.unknown == 0 and obs.notes == []
+    assert obs.other_sync == 0
     assert len(obs.observations) == len(SEGMENTS) * 5
     for o in obs.observations:
         t = true_update_seconds(o.micro_batch, o.workers, o.accumulation)
@@ -139,6 +146,23 @@ def test_plan_times_and_costs_equal_the_analytic_values(synthetic):
     assert any("workers 8 outside the observed 1-4" in f for f in rows[(8, 512)].flags)
     # 1024 on one worker is 128 x 8: accumulation beyond the observed 1-2.
     assert any("accumulation 8 outside" in f for f in rows[(1, 1024)].flags)
+
+
+def test_intervals_under_another_sync_strategy_are_left_out(tmp_path):
+    from keras_adapt import plan, report
+
+    # Segment 2 ran local SGD, 3x faster: its 6 intervals (one straddling the
+    # change into it) and the one straddling the change back are dropped, the
+    # two straddling ones counted here, not as mixed; the plan stays exact.
+    write_run(str(tmp_path / "r"), SEGMENTS, local_sgd=(2,))
+    (run,) = report.load_runs(str(tmp_path), max_points=None)
+    obs = plan.run_observations(run)
+    assert obs.other_sync == 6 + 1 and obs.mixed == len(SEGMENTS) - 1 - 2
+    assert (32, 1, 2) not in obs.configurations()
+    p = plan.plan_run(run, 1e6, workers=[2], batch_sizes=[256])
+    assert p.rows[0].step_seconds == pytest.approx(true_update_seconds(128, 2, 1), rel=1e-5)
+    assert "1 without a known configuration" not in plan.format_table(p)
+    assert "7 under a synchronisation strategy other than S-SGD" in plan.format_table(p)
 
 
 def test_preemptible_formula_against_a_hand_computation():
