@@ -51,6 +51,7 @@ Example:
 (600, 5600)
 """
 
+import bisect
 import dataclasses
 import json
 import math
@@ -277,15 +278,23 @@ class RunObservations:
         return sorted({(o.micro_batch, o.workers, o.accumulation) for o in self.observations})
 
 
-def _value_at(points, step):
-    """Value of the latest point at or before ``step`` (None if none)."""
-    value = None
-    for s, _wall, v in points:
-        if s > step:
-            break
-        if v is not None:
-            value = v
-    return value
+class _Steps:
+    """A series' finite points by step: the value in effect at a step, the values in a range."""
+
+    def __init__(self, points):
+        kept = sorted((p[0], p[2]) for p in points if p[2] is not None)
+        self.steps = [s for s, _ in kept]
+        self.values = [v for _, v in kept]
+
+    def at(self, step):
+        """Value of the latest point at or before ``step`` (None if none)."""
+        i = bisect.bisect_right(self.steps, step)
+        return self.values[i - 1] if i else None
+
+    def between(self, after, upto):
+        """Values of the points with ``after < step <= upto``."""
+        return self.values[bisect.bisect_right(self.steps, after):
+                           bisect.bisect_right(self.steps, upto)]
 
 
 def _batch_events(events):
@@ -348,20 +357,20 @@ def run_observations(run):
             for s, _wall, v in points:
                 if v is not None and v > 0:
                     by_step.setdefault(s, []).append(v)
-    workers = series.get(metadata.SCALAR_TAGS["workers"], [])
-    batch = series.get(metadata.SCALAR_TAGS["batch_size"], [])
+    workers = _Steps(series.get(metadata.SCALAR_TAGS["workers"], []))
+    batch = _Steps(series.get(metadata.SCALAR_TAGS["batch_size"], []))
     changes = _batch_events(run.events)
     notes = []
     if not changes:
         notes.append("no batch_size event gives the micro-batch and accumulation, so every "
                      "interval is taken as accumulation 1 and micro-batch = batch / workers")
-    strategy = series.get(metadata.SCALAR_TAGS["sync_strategy"], [])
+    strategy = _Steps(series.get(metadata.SCALAR_TAGS["sync_strategy"], []))
     allreduce = float(metadata.SYNC_STRATEGIES.index("allreduce_sgd"))
     out, mixed, unknown, other_sync, previous = [], 0, 0, 0, None
     for w in sorted(by_step):
-        n = _positive_int(_value_at(workers, w))
-        n0 = _positive_int(_value_at(workers, previous)) if previous is not None else n
-        global_batch = _positive_int(_value_at(batch, w))
+        n = _positive_int(workers.at(w))
+        n0 = _positive_int(workers.at(previous)) if previous is not None else n
+        global_batch = _positive_int(batch.at(w))
         w0 = previous if previous is not None else -1
         previous = w
         if n is None:
@@ -370,8 +379,8 @@ def run_observations(run):
         if n0 != n:
             mixed += 1
             continue
-        if _value_at(strategy, w0) not in (None, allreduce) or any(
-                w0 < s <= w and v not in (None, allreduce) for s, _wall, v in strategy):
+        if any(v != allreduce for v in [strategy.at(w0) or allreduce]
+               + strategy.between(w0, w)):
             other_sync += 1
             continue
         if changes:
@@ -385,7 +394,7 @@ def run_observations(run):
                 total = _positive_int(state.get("batch_size")) or global_batch
                 b = _positive_int(total / (n * k)) if total else None
         else:
-            b0 = _positive_int(_value_at(batch, w0)) if w0 >= 0 else global_batch
+            b0 = _positive_int(batch.at(w0)) if w0 >= 0 else global_batch
             if global_batch is None or b0 != global_batch:
                 if global_batch is None:
                     unknown += 1
