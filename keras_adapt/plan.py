@@ -379,8 +379,9 @@ def run_observations(run):
         if n0 != n:
             mixed += 1
             continue
+        # A strategy point at step s governs the updates after s.
         if any(v != allreduce for v in [strategy.at(w0) or allreduce]
-               + strategy.between(w0, w)):
+               + strategy.between(w0, w - 1)):
             other_sync += 1
             continue
         if changes:

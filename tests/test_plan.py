@@ -151,18 +151,19 @@ def test_plan_times_and_costs_equal_the_analytic_values(synthetic):
 def test_intervals_under_another_sync_strategy_are_left_out(tmp_path):
     from keras_adapt import plan, report
 
-    # Segment 2 ran local SGD, 3x faster: its 6 intervals (one straddling the
-    # change into it) and the one straddling the change back are dropped, the
-    # two straddling ones counted here, not as mixed; the plan stays exact.
+    # Segment 2 ran local SGD, 3x faster. A strategy point governs the updates
+    # after it: the interval straddling the change into the segment is mixed
+    # (S-SGD before the change), its 5 others and the one straddling the
+    # change back ran local SGD; the plan stays exact.
     write_run(str(tmp_path / "r"), SEGMENTS, local_sgd=(2,))
     (run,) = report.load_runs(str(tmp_path), max_points=None)
     obs = plan.run_observations(run)
-    assert obs.other_sync == 6 + 1 and obs.mixed == len(SEGMENTS) - 1 - 2
+    assert obs.other_sync == 5 + 1 and obs.mixed == len(SEGMENTS) - 1 - 1
     assert (32, 1, 2) not in obs.configurations()
     p = plan.plan_run(run, 1e6, workers=[2], batch_sizes=[256])
     assert p.rows[0].step_seconds == pytest.approx(true_update_seconds(128, 2, 1), rel=1e-5)
     assert "1 without a known configuration" not in plan.format_table(p)
-    assert "7 under a synchronisation strategy other than S-SGD" in plan.format_table(p)
+    assert "6 under a synchronisation strategy other than S-SGD" in plan.format_table(p)
 
 
 def test_preemptible_formula_against_a_hand_computation():
