@@ -174,9 +174,13 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
             wait = self._timing.read()[0]
             row = [float(self._rank), float(self._steps), (now - self._start) / self._steps,
                    (wait - self._wait0) / self._steps, self._samples_per_step()]
-            self._start, self._wait0, self._steps = now, wait, 0
+            self._wait0, self._steps = wait, 0
         gathered = np.asarray(_hvd.allgather(tf.constant([row], dtype=tf.float64),
                                              name="keras_adapt_worker_timing"))
+        if self._start is not None:
+            # The next interval starts after this allgather: its wait for
+            # the other workers is the monitor's cost, not a step's.
+            self._start = time.perf_counter()
         rows = sorted(gathered.reshape(-1, _COLUMNS).tolist())
         if not all(math.isfinite(r[1]) for r in rows):
             return  # no step timed yet (the same on every worker)
@@ -217,4 +221,6 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
         unknown), ``compute_time`` and ``wait_time`` (s per step, lists by
         rank) and ``steps`` (the steps each worker timed in the interval).
         """
-        return None if self._result is None else dict(self._result)
+        if self._result is None:
+            return None
+        return {k: list(v) if isinstance(v, list) else v for k, v in self._result.items()}

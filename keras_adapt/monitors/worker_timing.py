@@ -74,7 +74,10 @@ def slow_rank():
 
 
 def _stretch_factor(size):
-    """This worker's slow-rank factor in a job of ``size`` workers, or None."""
+    """This worker's slow-rank factor in a job of ``size`` workers (1.0 on
+    the other workers), or None when the hook is off. Every worker builds
+    the same ops (Horovod matches collectives across workers by the names
+    TensorFlow gives them, which other ops in the graph shift)."""
     hook = slow_rank()
     if hook is None or size < 2:
         return None
@@ -84,7 +87,7 @@ def _stretch_factor(size):
             f"{SLOW_RANK_ENV}={os.environ[SLOW_RANK_ENV]!r} names rank {rank}, but this "
             f"job has {size} workers (ranks 0-{size - 1}); use one of those ranks, or unset it"
         )
-    return factor if rank == _hvd.rank() and factor > 1.0 else None
+    return factor if rank == _hvd.rank() else 1.0
 
 
 def _flat(tensors):

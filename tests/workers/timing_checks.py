@@ -1,0 +1,114 @@
+"""Run under horovodrun by tests/test_worker_timing.py.
+
+Every rank trains the same lazily built model with WorkerTimingMonitor
+(and AdaptTensorBoard, GradientStatsMonitor, optionally StragglerPolicy)
+and records every measurement the monitor made, plus which op types the
+optimizer update's graph holds with and without the monitor. The
+environment (KERAS_ADAPT_COLLECTIVE_DELAY_MS, KERAS_ADAPT_SLOW_RANK) is set
+by the test. Writes <out>/rank<r>.json.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import keras
+import keras_adapt
+from keras_adapt.callbacks import (
+    AdaptTensorBoard,
+    BroadcastGlobalVariablesCallback,
+    GradientStatsMonitor,
+    WorkerTimingMonitor,
+)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--log_dir", required=True)
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--straggler", default="")  # JSON kwargs of StragglerPolicy, or ""
+args = parser.parse_args()
+rank, size = keras_adapt.rank(), keras_adapt.size()
+INTERVAL, BATCH, STEPS = 5, 32, 30
+
+
+def update_op_types(optimizer):
+    """Op types of a traced optimizer update (functions in its library included)."""
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    weights = layer.trainable_weights
+    optimizer.build(weights)
+
+    @tf.function
+    def update():
+        optimizer.apply_gradients([(tf.ones(w.shape), w) for w in weights])
+
+    graph = update.get_concrete_function().graph.as_graph_def()
+    types = {n.op for n in graph.node}
+    for f in graph.library.function:
+        types |= {n.op for n in f.node_def}
+    return types
+
+
+# Without the monitor the update holds no timestamp; set on a model, the
+# monitor puts them in (the same check, so it can fail).
+probe = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+ops_without = update_op_types(probe)
+probe_model = keras.Sequential([keras.layers.Dense(1)])
+probe_model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+WorkerTimingMonitor(interval=2).set_model(probe_model)
+ops_with = update_op_types(probe_model.optimizer)
+
+
+class Recorder(keras.callbacks.Callback):
+    """Every new result of the monitor (and policy), with the step it appeared at."""
+
+    def __init__(self, monitor):
+        super().__init__()
+        self.monitor = monitor
+        self.results = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        r = self.monitor.result()
+        if r is not None and (not self.results or r != self.results[-1]["result"]):
+            self.results.append({"step": int(self.model.optimizer.iterations.numpy()),
+                                 "result": r, "logs": {k: float(v) for k, v in logs.items()
+                                                       if "/rank_" in k or k in (
+                                                           "comm_fraction", "step_time",
+                                                           "throughput")}})
+
+
+keras.utils.set_random_seed(7 + rank)
+x = np.random.rand(BATCH * STEPS, 64).astype("float32")
+y = x @ np.random.rand(64, 1).astype("float32")
+model = keras.Sequential([keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
+model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.001)), "mse")
+monitor = WorkerTimingMonitor(interval=INTERVAL)
+recorder = Recorder(monitor)
+callbacks = [BroadcastGlobalVariablesCallback(0), GradientStatsMonitor(interval=4), monitor]
+policy = None
+if args.straggler:
+    from keras_adapt.policies import StragglerPolicy
+
+    policy = StragglerPolicy(monitor, log_dir=args.log_dir, **json.loads(args.straggler))
+    callbacks.append(policy)
+callbacks += [AdaptTensorBoard(args.log_dir, update_freq=INTERVAL), recorder]
+start = time.perf_counter()
+history = model.fit(x, y, batch_size=BATCH, epochs=args.epochs, verbose=0, shuffle=False,
+                    callbacks=callbacks)
+elapsed = time.perf_counter() - start
+out = {"rank": rank, "size": size, "elapsed": elapsed,
+       "steps": int(model.optimizer.iterations.numpy()),
+       "timestamp_without": "Timestamp" in ops_without, "timestamp_with": "Timestamp" in ops_with,
+       "results": recorder.results,
+       "wait_total": model.optimizer.adapt_state.timing.read()[0],
+       "collectives": model.optimizer.adapt_state.timing.read()[1],
+       "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
+if policy is not None:
+    out["flags"] = policy.flags
+with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    json.dump(out, f)
