@@ -1,5 +1,6 @@
 """WorkerTimingMonitor, the in-graph collective timing and the slow-rank hook."""
 
+import json
 import os
 import statistics
 
@@ -139,9 +140,45 @@ def test_two_workers_wait_and_compute_time_and_a_collective_delay(tmp_path, cont
     assert median_delay > 0.5  # 50 ms against a compute of a few ms
 
 
-def test_slow_rank_hook_makes_rank1_three_times_slower(tmp_path):
-    plain, _ = _launch(tmp_path, "plain")
-    slow, _ = _launch(tmp_path, "slow", [(SLOW_RANK_ENV, "1:3")])
+STRAGGLER = {"warmup_s": 0.3, "patience": 3, "threshold": 0.067}
+
+
+def _expected_flags(measured, warmup_s, patience, threshold):
+    """(recorded step, rank, ratio) of the flags the rule gives on these measurements."""
+    flags, timed, streak = [], 0.0, {}
+    for x in measured:
+        res = x["result"]
+        warm = timed >= warmup_s
+        timed += res["step_time"] * res["steps"]
+        if not warm:
+            continue
+        median = float(np.median(res["compute_time"]))
+        slow = {r: c / median for r, c in enumerate(res["compute_time"])
+                if c > (1 + threshold) * median}
+        streak = {r: streak.get(r, 0) + 1 for r in slow}
+        flags += [(x["step"], r, slow[r]) for r in sorted(slow) if streak[r] == patience]
+    return flags
+
+
+def _check_straggler_events(results, log_dir):
+    measured = results[0]["results"]
+    expected = _expected_flags(measured, **STRAGGLER)
+    for r in results:
+        got = [(e["step"] + 1, e["after"]["straggler_rank"], e["after"]["ratio"])
+               for e in r["events"]]
+        assert [g[:2] for g in got] == [e[:2] for e in expected]
+        assert [g[2] for g in got] == pytest.approx([e[2] for e in expected], rel=1e-9)
+        assert all(e["kind"] == "straggler" and e["policy"] == "StragglerPolicy"
+                   for e in r["events"])
+    with open(log_dir / metadata.EVENTS_FILENAME) as f:
+        assert len(f.readlines()) == len(expected)  # rank 0 writes the run's event log
+    return expected
+
+
+def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path):
+    extra = ["--straggler", json.dumps(STRAGGLER)]
+    plain, plain_dir = _launch(tmp_path, "plain", extra=extra)
+    slow, slow_dir = _launch(tmp_path, "slow", [(SLOW_RANK_ENV, "1:3")], extra=extra)
     plain_measured, slow_measured = _check_run(plain), _check_run(slow, slow_hook=True)
     ratio = statistics.median(x["result"]["compute_time"][1] / x["result"]["compute_time"][0]
                               for x in slow_measured)
@@ -150,7 +187,24 @@ def test_slow_rank_hook_makes_rank1_three_times_slower(tmp_path):
     assert 2.0 < ratio < 5.0, ratio
     # The fast rank waits for the slow one: longer than before, and longer than rank 1.
     assert _median(slow_measured, "wait_time", 0) > _median(plain_measured, "wait_time", 0)
-    assert _median(slow_measured, "wait_time", 0) > 2 * _median(slow_measured, "wait_time", 1)
+    assert _median(slow_measured, "wait_time", 0) > _median(slow_measured, "wait_time", 1)
+
+    # StragglerPolicy: rank 1 is flagged once it was slow in `patience`
+    # measurements after the warm-up; rank 0 never. Its decisions are the
+    # rule applied to the monitor's (agreed) measurements, on both ranks.
+    flags = _check_straggler_events(slow, slow_dir)
+    assert flags and {f[1] for f in flags} == {1}
+    timed, first_warm = 0.0, None
+    for i, x in enumerate(slow_measured):
+        if timed >= STRAGGLER["warmup_s"] and first_warm is None:
+            first_warm = i
+        timed += x["result"]["step_time"] * x["result"]["steps"]
+    assert first_warm >= 1  # the warm-up held back at least one measurement
+    steps = [x["step"] for x in slow_measured]
+    # not before the warm-up and `patience` measurements, and soon after
+    assert first_warm + STRAGGLER["patience"] - 1 <= steps.index(flags[0][0]) <= first_warm + 5
+    print(f"straggler flagged at step {flags[0][0] - 1}, ratio {flags[0][2]:.2f}")
+    _check_straggler_events(plain, plain_dir)
 
 
 # -- one process -------------------------------------------------------------

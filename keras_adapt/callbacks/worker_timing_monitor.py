@@ -125,6 +125,8 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
         self._supports_tf_logs = True
         self._timing = None
         self._result = None
+        #: Number of measurements made so far (all fits), the same on every worker.
+        self.measurements = 0
         self._values = {}
         self._reset()
 
@@ -188,6 +190,7 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
         wait = [r[3] for r in rows]
         step_time = float(np.mean(step))
         samples = float(np.sum([r[4] for r in rows]))
+        self.measurements += 1
         self._result = {
             "step_time": step_time,
             "comm_fraction": float(np.mean([w / s for w, s in zip(wait, step)])),

@@ -16,6 +16,7 @@ from keras_adapt.policies.scaling_rules import (
     SqrtScaling,
 )
 from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
+from keras_adapt.policies.straggler import StragglerPolicy
 
 __all__ = [
     "AdaScale",
@@ -29,5 +30,6 @@ __all__ = [
     "ScalingRule",
     "ScheduledBatchSizePolicy",
     "SqrtScaling",
+    "StragglerPolicy",
     "statistical_efficiency",
 ]

@@ -82,10 +82,11 @@ class Recorder(keras.callbacks.Callback):
 
 
 keras.utils.set_random_seed(7 + rank)
-x = np.random.rand(BATCH * STEPS, 64).astype("float32")
-y = x @ np.random.rand(64, 1).astype("float32")
-model = keras.Sequential([keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
+x = np.random.rand(BATCH * STEPS, 256).astype("float32")
+y = x @ np.random.rand(256, 1).astype("float32")
+# ~10 ms of computation per step, so that timing noise is small beside it.
+model = keras.Sequential([keras.layers.Dense(1024, activation="relu"),
+                          keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1)])
 model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.001)), "mse")
 monitor = WorkerTimingMonitor(interval=INTERVAL)
 recorder = Recorder(monitor)
@@ -109,6 +110,6 @@ out = {"rank": rank, "size": size, "elapsed": elapsed,
        "collectives": model.optimizer.adapt_state.timing.read()[1],
        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
 if policy is not None:
-    out["flags"] = policy.flags
+    out["events"] = policy.events
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(out, f)

@@ -17,6 +17,7 @@ const KIND_COLORS = {
   lr: '#ff7f0e',
   resume: '#bcbd22',
   sync_strategy: '#17becf',
+  straggler: '#d62728',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 
