@@ -11,6 +11,7 @@ import keras
 import keras_adapt
 from keras_adapt.callbacks import WorkerTimingMonitor
 from keras_adapt.monitors.worker_timing import SLOW_RANK_ENV, CollectiveTiming, slow_rank
+from keras_adapt import report
 from keras_adapt.record import metadata, reader
 
 import tensorboard_loaders
@@ -117,6 +118,19 @@ def _check_series(log_dir, measured):
             assert written[STEPS] == pytest.approx(values[-1], rel=1e-6)
     assert series[metadata.SCALAR_TAGS["comm_fraction"]][STEPS] == pytest.approx(
         last["result"]["comm_fraction"], rel=1e-6)
+    # keras-adapt report draws those series in the run's worker-timing row.
+    runs = report.load_runs(str(log_dir.parent), runs=[log_dir.name])
+    assert report.has_timing_series(runs[0])
+    fig = report.build_figure(runs)
+    assert fig.get_size_inches()[1] == report.RUN_HEIGHT_IN + report.TIMING_ROW_IN
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    for title, which in (("compute time per worker (s)", "compute_time"),
+                         ("wait in collectives per worker (s)", "wait_time"),
+                         ("step time per worker (s)", "step_time")):
+        lines = {ln.get_label(): list(ln.get_ydata()) for ln in axes[title].get_lines()
+                 if not ln.get_label().startswith("_")}
+        assert lines == {f"rank {r}": list(series[metadata.worker_time_tag(which, r)].values())
+                         for r in (0, 1)}, title
     return series
 
 
