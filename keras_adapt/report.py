@@ -38,7 +38,8 @@ import struct
 
 from keras_adapt.record import metadata, reader
 
-__all__ = ["RunData", "build_figure", "has_system_series", "has_timing_series", "load_runs",
+__all__ = ["RunData", "build_figure", "format_values", "has_sync_strategy_panel",
+           "has_system_series", "has_timing_series", "load_runs",
            "plot_runs", "png_size", "tick_label", "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
@@ -264,6 +265,33 @@ def has_timing_series(run):
                for t in run.series)
 
 
+def has_sync_strategy_panel(run):
+    """True if ``run`` gets the "sync strategy" panel (``reader.shows_sync_strategy``).
+
+    That is, it has the ``adapt/sync_strategy`` series and used a strategy
+    other than AllReduceSGD or recorded a ``sync_strategy`` event.
+
+    Example:
+
+    >>> from keras_adapt.report import RunData, has_sync_strategy_panel
+    >>> plain = RunData("a", {"adapt/sync_strategy": [(0, 0.0, 0.0), (9, 0.0, 0.0)]}, [])
+    >>> local = RunData("b", {"adapt/sync_strategy": [(0, 0.0, 0.0), (9, 0.0, 2.0)]}, [])
+    >>> has_sync_strategy_panel(plain), has_sync_strategy_panel(local)
+    (False, True)
+    """
+    return reader.shows_sync_strategy(run.series.get(metadata.SCALAR_TAGS["sync_strategy"], []),
+                                      run.events)
+
+
+def _sync_panel(ax, points, events):
+    """The strategy in use over time: a step line on one row per strategy, named."""
+    _panel(ax, "sync strategy", [("strategy", points, "#37474f", True)], events)
+    indices = sorted({int(round(v)) for _, _, v in points if v is not None})
+    ax.set_yticks(indices)
+    ax.set_yticklabels([reader.sync_strategy_name(i) for i in indices])
+    ax.set_ylim(indices[0] - 0.5, indices[-1] + 0.5)
+
+
 def _run_height(run):
     return (RUN_HEIGHT_IN + (SYSTEM_ROW_IN if has_system_series(run) else 0.0)
             + (TIMING_ROW_IN if has_timing_series(run) else 0.0))
@@ -276,7 +304,11 @@ def build_figure(runs, dpi=DPI):
     and workers (step lines; workers with integer ticks), throughput,
     per-worker step times, and the event kinds' legend; a dashed vertical
     line marks every event. Tick labels are plain numbers (integers as
-    integers). A run with host metrics (``SystemMonitor``) gets a third row:
+    integers). A run that qualifies for it (:func:`has_sync_strategy_panel`)
+    shows the synchronisation strategy in use over time (a step line, the
+    strategies' names as y tick labels) in the sixth panel instead, and
+    its events legend moves to the block's top right corner; the size does
+    not change. A run with host metrics (``SystemMonitor``) gets a third row:
     CPU and GPU use, memory, network traffic, one line per host; a run with
     worker times (``WorkerTimingMonitor``) one more: compute time and wait
     in collectives per worker, and the communication fraction. The figure
@@ -322,17 +354,26 @@ def build_figure(runs, dpi=DPI):
         _panel(axes[1, 0], "throughput (samples/s)",
                [("samples/s", s.get(tag["throughput"], []), "#1565c0", False)], ev)
         _panel(axes[1, 1], "step time per worker (s)", _worker_lines(s, "step_time"), ev)
-        legend_ax = axes[1, 2]
-        legend_ax.axis("off")
         kinds = sorted({e["kind"] for e in ev})
-        if kinds:
-            handles = [Line2D([0], [0], color=KIND_COLORS.get(k, UNKNOWN_COLOR), linestyle="--",
-                              label=_mpl_text(f"{k} ({sum(e['kind'] == k for e in ev)})"))
-                       for k in kinds]
-            legend_ax.legend(handles=handles, title="events", loc="center", fontsize=9)
+        handles = [Line2D([0], [0], color=KIND_COLORS.get(k, UNKNOWN_COLOR), linestyle="--",
+                          label=_mpl_text(f"{k} ({sum(e['kind'] == k for e in ev)})"))
+                   for k in kinds]
+        sync = has_sync_strategy_panel(run)
+        if sync:
+            _sync_panel(axes[1, 2], s[tag["sync_strategy"]], ev)
+            # The events legend moves to the block's top right corner.
+            if handles:
+                sub.legend(handles=handles, loc="upper right", ncol=min(len(handles), 4),
+                           fontsize=8, title="events", title_fontsize=8,
+                           bbox_to_anchor=(0.99, 1.0), frameon=False)
         else:
-            legend_ax.text(0.5, 0.5, "no adaptation events", ha="center", va="center",
-                           color="#9e9e9e")
+            legend_ax = axes[1, 2]
+            legend_ax.axis("off")
+            if handles:
+                legend_ax.legend(handles=handles, title="events", loc="center", fontsize=9)
+            else:
+                legend_ax.text(0.5, 0.5, "no adaptation events", ha="center", va="center",
+                               color="#9e9e9e")
         if system:
             _panel(axes[2, 0], "system: CPU and GPU use (%)",
                    _system_lines(s, {"cpu_percent": "CPU", "gpu_percent": "GPU"}), ev)
@@ -347,7 +388,9 @@ def build_figure(runs, dpi=DPI):
                    _worker_lines(s, "wait_time"), ev)
             _panel(axes[row, 2], "communication fraction",
                    [("comm_fraction", s.get(tag["comm_fraction"], []), "#5d4037", False)], ev)
-        sub.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.09, hspace=0.45, wspace=0.25)
+        # The strategies' names need a wider gap left of the sixth panel.
+        sub.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.09, hspace=0.45,
+                            wspace=0.32 if sync else 0.25)
     return fig
 
 
@@ -386,6 +429,37 @@ def png_size(path_or_bytes):
     return struct.unpack(">II", head[16:24])
 
 
+def format_values(values):
+    """An event's ``before``/``after`` for reading, as the Adapt tab's table shows it.
+
+    Numbers as :func:`tick_label` writes them; a strategy with its
+    parameters reads ``local_sgd (period: 8)``.
+
+    Example:
+
+    >>> from keras_adapt.report import format_values
+    >>> format_values({"batch_size": 64, "lr": 0.019999999552965164})
+    'batch_size: 64, lr: 0.02'
+    >>> format_values({"sync_strategy": "local_sgd", "period": 8}), format_values({})
+    ('local_sgd (period: 8)', '–')
+    """
+    import json
+
+    if not isinstance(values, dict):
+        return json.dumps(values)
+    if isinstance(values.get("sync_strategy"), str):
+        params = {k: v for k, v in values.items() if k != "sync_strategy"}
+        return values["sync_strategy"] + (f" ({format_values(params)})" if params else "")
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            shown = value if isinstance(value, str) else json.dumps(value)
+        else:
+            shown = tick_label(value)
+        parts.append(f"{key}: {shown}")
+    return ", ".join(parts) if parts else "–"
+
+
 def _html(runs, png_bytes, logdir):
     e = html.escape
     parts = [
@@ -413,8 +487,10 @@ def _html(runs, png_bytes, logdir):
             parts.append(
                 f'<tr class="event"><td>{ev["step"]}</td><td>{ev["epoch"]}</td><td>{e(kind)}</td>'
                 f'<td>{e(ev["policy"])}</td><td>{e(ev["reason"])}</td>'
-                f'<td class="mono">{e(json.dumps(ev["before"]))}</td>'
-                f'<td class="mono">{e(json.dumps(ev["after"]))}</td></tr>'
+                f'<td class="mono" title="{e(json.dumps(ev["before"]))}">'
+                f'{e(format_values(ev["before"]))}</td>'
+                f'<td class="mono" title="{e(json.dumps(ev["after"]))}">'
+                f'{e(format_values(ev["after"]))}</td></tr>'
             )
         parts.append("</tbody></table>")
     parts.append("</body></html>")

@@ -82,7 +82,9 @@ def test_writes_series_step_times_and_events(tmp_path, order):
                         callbacks=[before] + callbacks + [after])
     series, evs = read_run(log_dir)
 
-    assert set(series) == set(T.values()) | {metadata.step_time_tag(0)}
+    # every series but those of WorkerTimingMonitor (not in this run)
+    assert set(series) == (set(T.values()) - {T["step_time"], T["comm_fraction"]}
+                           | {metadata.step_time_tag(0)})
     # Every update_freq steps and at each epoch end (10 steps per epoch).
     assert sorted(values(series, T["gns"])) == [4, 8, 10, 12, 16, 20]
     gns = values(series, T["gns"])
@@ -92,6 +94,9 @@ def test_writes_series_step_times_and_events(tmp_path, order):
     assert list(values(series, T["lr"]).values()) == pytest.approx([0.01] * 6)
     assert set(values(series, T["workers"]).values()) == {1.0}
     assert set(values(series, T["batch_size"]).values()) == {32.0}
+    # A keras-adapt optimizer without declared strategies: AllReduceSGD at
+    # the first step and at every write.
+    assert values(series, T["sync_strategy"]) == {s: 0.0 for s in [0, 4, 8, 10, 12, 16, 20]}
     # Throughput is the global batch over the same measured step times.
     step_time = values(series, metadata.step_time_tag(0))
     for step, throughput in values(series, T["throughput"]).items():
@@ -154,6 +159,7 @@ def test_lr_schedule_and_given_batch_size_without_statistics(tmp_path):
               callbacks=[AdaptTensorBoard(log_dir, update_freq=5, batch_size=16, step_times=False)])
     series, evs = read_run(log_dir)
     assert T["gns"] not in series and not evs
+    assert T["sync_strategy"] not in series  # not a keras-adapt optimizer: no strategy
     assert not any(t.startswith(metadata.STEP_TIME_TAG_PREFIX) for t in series)
     assert set(values(series, T["batch_size"]).values()) == {16.0}
     lr = values(series, T["lr"])
@@ -163,6 +169,60 @@ def test_lr_schedule_and_given_batch_size_without_statistics(tmp_path):
         # the last applied step, one step earlier).
         candidates = [float(schedule(step)), float(schedule(step - 1))]
         assert any(value == pytest.approx(c, rel=1e-5) for c in candidates), (step, value, candidates)
+
+
+class SwitchStrategy(keras.callbacks.Callback):
+    """Switches the synchronisation strategy by hand (no event) before given updates."""
+
+    def __init__(self, switches):
+        super().__init__()
+        self.switches = switches
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step in self.switches:
+            name, params = self.switches[step]
+            self.model.optimizer.adapt_state.sync.set(name, **params)
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_sync_strategy_series_follows_switches_between_steps(tmp_path):
+    """adapt/sync_strategy: the strategy in use at the first step, at each switch and at each write."""
+    from keras_adapt.sync import AllReduceSGD, LocalSGD, ModelAveraging
+
+    log_dir = str(tmp_path / "run")
+    x, y = small_data()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(
+        keras.optimizers.SGD(0.01), sync_strategy=[
+            AllReduceSGD(), LocalSGD(period=2), ModelAveraging(alpha=0.5)]), "mse")
+    # Before the update that takes the step count from s to s + 1; the one
+    # at 10 comes right after the epoch-end write at step 10.
+    switches = {5: ("local_sgd", {"period": 2}), 10: ("model_averaging", {}),
+                14: ("allreduce_sgd", {}), 18: ("local_sgd", {"period": 4})}
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[
+        SwitchStrategy(switches), AdaptTensorBoard(log_dir, update_freq=4, batch_size=32,
+                                                   step_times=False)])
+    assert model.optimizer.adapt_state.sync.strategy.name == "local_sgd"
+    # Independently: the strategy set by the last switch at or before each
+    # point's step (the switching callback runs before AdaptTensorBoard at a
+    # batch start), at the first step, every write (every 4 steps and at each
+    # epoch end, 10 steps) and every switch.
+    expected = {}
+    for step in sorted({0, 4, 8, 10, 12, 16, 20} | set(switches)):
+        name = "allreduce_sgd"
+        for s in sorted(switches):
+            if s <= step:
+                name = switches[s][0]
+        expected[step] = float(metadata.SYNC_STRATEGIES.index(name))
+    assert expected == {0: 0.0, 4: 0.0, 5: 2.0, 8: 2.0, 10: 1.0, 12: 1.0, 14: 0.0, 16: 0.0,
+                        18: 2.0, 20: 2.0}
+    for loader in tensorboard_loaders.LOADERS:
+        series, _ = read_run(log_dir, loader)
+        points = [(s, v) for s, _, v in series[T["sync_strategy"]]]
+        # In step order; the last value at a step is the one that holds.
+        assert [s for s, _ in points] == sorted(s for s, _ in points), loader
+        assert dict(points) == expected, loader
 
 
 def test_unknown_batch_size_warns_and_skips_those_series(tmp_path):
@@ -228,6 +288,17 @@ def test_two_workers_shared_series_from_rank0_step_times_from_both(tmp_path):
         assert sorted(written) == expected_steps, key
         # what AdaptTensorBoard wrote at the epoch's last step is that epoch's logged value
         assert written[24] == pytest.approx(system[key][0], rel=1e-6)
+    # Both ranks switched strategy at the same steps; rank 0's series shows
+    # the strategy in use at the first step, at each switch and each write.
+    switches = {int(k): v for k, v in results[0]["switches"].items()}
+    assert switches == {10: "local_sgd", 31: "allreduce_sgd"}
+    expected = {}
+    for step in [0] + expected_steps + sorted(switches):
+        earlier = [s for s in switches if s <= step]
+        expected[step] = float(metadata.SYNC_STRATEGIES.index(
+            switches[max(earlier)] if earlier else "allreduce_sgd"))
+    assert values(series, T["sync_strategy"]) == expected
+    assert {s for s, v in expected.items() if v == 2.0} == {10, 12, 18, 24, 30}
     # Each rank emitted the same events (two at each epoch end); they are
     # recorded once, all of them, with both of TensorBoard's loaders.
     assert [(e["kind"], e["step"], e["rank"]) for e in evs] == [

@@ -1,11 +1,14 @@
-"""End to end: a real TensorBoard over a real training run, the Adapt tab in headless Chromium.
+"""End to end: a real TensorBoard over real training runs, the Adapt tab in headless Chromium.
 
 The run records several events per step (as the policies do: a batch-size
 change and its lr change), from callbacks before and after
 AdaptTensorBoard, and one before training starts; what the tab shows (table
 rows, markers) and what the events route answers -- with TensorBoard's
 default loader (its Rust data server) and with ``--load_fast=false`` --
-are compared with the run's ``adapt_events.jsonl``.
+are compared with the run's ``adapt_events.jsonl``. A second run switches
+the synchronisation strategy (with ``sync_strategy`` events, and once by
+hand without one): the "Sync strategy" chart's drawn steps are compared
+with the ``adapt/sync_strategy`` series in its event files.
 
 Needs Debian's ``chromium`` (``make setup`` installs it when run as root)
 and the ``playwright`` package (requirements/primary-common.txt), driven with the
@@ -97,6 +100,52 @@ def _train(log_dir):
         Late()])
 
 
+# Before the update that takes the step count from s to s + 1: (strategy,
+# parameters, the event's reason or None for a switch by hand, without event).
+SYNC_SWITCHES = {3: ("local_sgd", {"period": 4}, "communication share 0.41 > 0.3"),
+                 8: ("model_averaging", {"alpha": 0.5}, "noise scale 310 > 2 x 128"),
+                 15: ("allreduce_sgd", {}, None),
+                 19: ("local_sgd", {"period": 2}, "lr decayed 0.1 -> 0.01: post-local SGD")}
+
+
+def _train_sync(log_dir):
+    """A real run (168 samples, batches of 16: a remainder batch) that switches strategies."""
+    import keras
+    import keras_adapt
+    from keras_adapt import events
+    from keras_adapt.callbacks import AdaptTensorBoard
+    from keras_adapt.sync import AllReduceSGD, LocalSGD, ModelAveraging
+
+    class Switch(keras.callbacks.Callback):
+        """Switches like a SyncStrategyPolicy (before AdaptTensorBoard), recording its events."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if step not in SYNC_SWITCHES:
+                return
+            name, params, reason = SYNC_SWITCHES[step]
+            sync = self.model.optimizer.adapt_state.sync
+            before = {"sync_strategy": sync.strategy.name, **sync.strategy.params()}
+            sync.set(name, **params)
+            if reason is not None:
+                events.emit("sync_strategy", step=step, epoch=self.epoch, policy="BrowserTestPolicy",
+                            reason=reason, before=before,
+                            after={"sync_strategy": sync.strategy.name, **sync.strategy.params()},
+                            log_dir=log_dir)
+
+    rng = np.random.default_rng(1)
+    x = rng.random((168, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01), sync_strategy=[
+        AllReduceSGD(), LocalSGD(period=4), ModelAveraging(alpha=0.5)]), "mse")
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+        Switch(), AdaptTensorBoard(log_dir, update_freq=2, batch_size=16)])
+
+
 def _write_hostile_run(log_dir):
     import tensorflow as tf
     from keras_adapt.record import metadata, summary
@@ -121,7 +170,7 @@ def _wait_for_tab(base, proc, timeout=90):
             if last and last.get("enabled"):
                 with urllib.request.urlopen(base + "/data/plugin/adapt/runs", timeout=5) as r:
                     runs = json.loads(r.read())["runs"]
-                if {r["run"] for r in runs} >= {"train", HOSTILE}:
+                if {r["run"] for r in runs} >= {"train", "sync", HOSTILE}:
                     return
         except OSError:
             pass
@@ -159,6 +208,7 @@ def run_logdir(tmp_path):
     _requirements()
     logdir = tmp_path / "logs"
     _train(str(logdir / "train"))
+    _train_sync(str(logdir / "sync"))
     _write_hostile_run(str(logdir / HOSTILE))
     return logdir
 
@@ -178,14 +228,15 @@ def _get(url):
         return json.loads(r.read())
 
 
-def _jsonl(logdir):
+def _jsonl(logdir, run="train"):
     from keras_adapt import events
 
-    return sorted(events.read_events(str(logdir / "train")), key=lambda e: (e["step"], e["wall_time"]))
+    return sorted(events.read_events(str(logdir / run)), key=lambda e: (e["step"], e["wall_time"]))
 
 
-def _tfevents_scalars(run_dir):
-    """Every scalar point in a run's event files, read with TensorFlow: {tag: [(step, value)]}."""
+def _tfevents_scalars(run_dir, prefix="adapt/system/"):
+    """Every scalar point under ``prefix`` in a run's event files, read with TensorFlow:
+    {tag: [(step, value)]}."""
     import glob
 
     import tensorflow as tf
@@ -194,8 +245,7 @@ def _tfevents_scalars(run_dir):
     for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
         for event in tf.compat.v1.train.summary_iterator(path):
             for v in event.summary.value:
-                if v.tag.startswith(("adapt/system/", "adapt/compute_time/", "adapt/wait_time/",
-                                     "adapt/comm_fraction")):
+                if v.tag.startswith(prefix):
                     value = float(tf.make_ndarray(v.tensor))
                     out.setdefault(v.tag, []).append((event.step, value))
     return out
@@ -232,6 +282,8 @@ def test_events_route_equals_the_jsonl_with_both_loaders(run_logdir, tensorboard
         assert [(p[0], round(p[2], 4)) for p in got] == [(s, round(v, 4)) for s, v in written[tag]]
     assert not any("gpu" in t for t in written)  # no GPU here: no GPU series
     # WorkerTimingMonitor's series (one worker: it waits for nobody).
+    written = _tfevents_scalars(run_logdir / "train", ("adapt/compute_time/", "adapt/wait_time/",
+                                                       "adapt/comm_fraction"))
     for tag in ("adapt/compute_time/rank_0", "adapt/wait_time/rank_0", "adapt/comm_fraction"):
         assert tag in tags and len(written[tag]) >= EPOCHS, (tag, written.get(tag))
         got = _get(tensorboard_url + f"/data/plugin/adapt/scalars?run=train&tag={tag}")["series"][tag]
@@ -239,6 +291,16 @@ def test_events_route_equals_the_jsonl_with_both_loaders(run_logdir, tensorboard
         assert [p[2] for p in got] == pytest.approx([v for _, v in written[tag]], rel=1e-6)
     assert all(v > 0 for _, v in written["adapt/compute_time/rank_0"])
     assert all(v == 0.0 for _, v in written["adapt/wait_time/rank_0"])
+    # The strategy-switching run: its events, and its series as written.
+    sync_events = _jsonl(run_logdir, "sync")
+    assert [(e["step"], e["kind"]) for e in sync_events] == [
+        (s, "sync_strategy") for s, (_, _, reason) in sorted(SYNC_SWITCHES.items()) if reason]
+    assert [_fields(e) for e in _get(tensorboard_url + "/data/plugin/adapt/events?run=sync")[
+        "events"]] == sync_events
+    tag = "adapt/sync_strategy"
+    got = _get(tensorboard_url + f"/data/plugin/adapt/scalars?run=sync&tag={tag}")["series"][tag]
+    # (a value rewritten at a step replaces the earlier one there, TensorBoard's rule)
+    assert [(p[0], p[2]) for p in got] == sorted(dict(_tfevents_scalars(run_logdir / "sync", tag)[tag]).items())
 
 
 def _adapt_frame(page, timeout=60):
@@ -249,6 +311,62 @@ def _adapt_frame(page, timeout=60):
                 return frame
         page.wait_for_timeout(250)
     pytest.fail(f"no Adapt iframe; frames: {[f.url for f in page.frames]}")
+
+
+def _drawn_step_line(chart):
+    """What a step-line chart drew, read back from its SVG: [(step, y label)].
+
+    The path's vertices (``M x,y`` then ``H x V y`` per point) are mapped to
+    steps through the x axis' tick labels and to names through the y axis'.
+    """
+    import re
+
+    d = chart.locator("path.adapt-series").get_attribute("d")
+    tokens = re.findall(r"([MHV])([-0-9.]+)(?:,([-0-9.]+))?", d)
+    assert tokens and tokens[0][0] == "M", d
+    x, y = float(tokens[0][1]), float(tokens[0][2])
+    vertices = [(x, y)]
+    for op, a, _ in tokens[1:]:
+        if op == "H":
+            x = float(a)
+        else:
+            assert op == "V", d
+            y = float(a)
+            vertices.append((x, y))
+    x_ticks = chart.locator('text.axis[text-anchor="middle"]')
+    xs = [(float(x_ticks.nth(i).get_attribute("x")), float(x_ticks.nth(i).text_content()))
+          for i in range(x_ticks.count())]
+    slope, offset = np.polyfit([px for px, _ in xs], [v for _, v in xs], 1)
+    y_ticks = chart.locator('text.axis[text-anchor="end"]')
+    # A label's baseline sits 3 px below its row (drawChart).
+    rows = [(float(y_ticks.nth(i).get_attribute("y")) - 3, y_ticks.nth(i).text_content())
+            for i in range(y_ticks.count())]
+    drawn = []
+    for px, py in vertices:
+        step = slope * px + offset
+        assert abs(step - round(step)) < 0.05, (px, step)
+        dy, label = min((abs(py - ry), label) for ry, label in rows)
+        assert dy < 0.5, (py, rows)
+        drawn.append((int(round(step)), label))
+    return drawn, [label for _, label in rows]
+
+
+def _ranges(points):
+    """[(first step, last step, name)] of consecutive points with the same name."""
+    out = []
+    for step, name in points:
+        if out and out[-1][2] == name:
+            out[-1] = (out[-1][0], step, name)
+        else:
+            out.append((step, step, name))
+    return out
+
+
+def _readable(values):
+    """What the table shows for a sync_strategy event's before/after."""
+    params = [f"{k}: {v if isinstance(v, int) else f'{v:.4g}'}"
+              for k, v in values.items() if k != "sync_strategy"]
+    return values["sync_strategy"] + (f" ({', '.join(params)})" if params else "")
 
 
 def _compact(value):
@@ -323,6 +441,12 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
                         for i, e in enumerate(expected) if e["kind"] == "lr"]
             assert "lr: 0.02" in lr_cells and not any("0.0199999" in c for c in lr_cells)
             assert "batch_size: 32" in rows.nth(1).locator("td").nth(6).inner_text()
+            # A plain synchronous-SGD run records the series (all allreduce_sgd)
+            # but gets no "Sync strategy" chart.
+            tag = "adapt/sync_strategy"
+            plain = _tfevents_scalars(run_logdir / "train", tag)[tag]
+            assert plain and {v for _, v in plain} == {0.0}
+            assert frame.locator('svg[data-chart="sync_strategy"]').count() == 0
 
             n_lr = sum(e["kind"] == "lr" for e in expected)
             frame.select_option("#adapt-kind-filter", "lr")
@@ -344,6 +468,43 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
 
             page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab.png"), full_page=True)
             frame.locator("#adapt-events").screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_events.png"))
+
+            # The strategy-switching run: the chart draws the series as written
+            # (which strategy over which steps), labelled with the names.
+            frame.select_option("#adapt-run", "sync")
+            frame.wait_for_selector('body[data-adapt-ready="sync"]')
+            from keras_adapt.record import metadata
+
+            written = [(s, metadata.SYNC_STRATEGIES[int(v)]) for s, v in sorted(
+                dict(_tfevents_scalars(run_logdir / "sync", tag)[tag]).items())]
+            chart = frame.locator('svg[data-chart="sync_strategy"]')
+            drawn, labels = _drawn_step_line(chart)
+            assert drawn == written
+            # Each strategy from the step it was switched to (with or without
+            # an event) to the last write before the next switch.
+            assert _ranges(drawn) == [(0, 2, "allreduce_sgd"), (3, 6, "local_sgd"),
+                                      (8, 14, "model_averaging"), (15, 18, "allreduce_sgd"),
+                                      (19, 22, "local_sgd")]
+            assert labels == ["allreduce_sgd", "model_averaging", "local_sgd"]  # by index
+            sync_events = _jsonl(run_logdir, "sync")
+            starts = {first: name for first, _, name in _ranges(drawn)}
+            assert all(starts[e["step"]] == e["after"]["sync_strategy"] for e in sync_events)
+            markers = chart.locator(".adapt-marker")
+            assert [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute(
+                "data-kind")) for i in range(markers.count())] == [
+                (e["step"], "sync_strategy") for e in sync_events]
+            # Its events in the table: strategy and parameters, readable.
+            assert rows.count() == len(sync_events) == 3
+            for i, e in enumerate(sync_events):
+                cells = rows.nth(i).locator("td")
+                assert [cells.nth(j).inner_text() for j in range(5)] == [
+                    str(e["step"]), str(e["epoch"]), "sync_strategy", e["policy"], e["reason"]]
+                assert cells.nth(5).inner_text() == _readable(e["before"])
+                assert cells.nth(6).inner_text() == _readable(e["after"])
+                assert cells.nth(6).get_attribute("title") == _compact(e["after"])
+            assert rows.nth(0).locator("td").nth(6).inner_text() == "local_sgd (period: 4, start_after: 0)"
+            assert rows.nth(1).locator("td").nth(6).inner_text() == "model_averaging (alpha: 0.5)"
+            page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_sync_strategy.png"), full_page=True)
 
             # A hostile run name and event text render as text, never as markup.
             frame.select_option("#adapt-run", HOSTILE)

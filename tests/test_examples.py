@@ -81,3 +81,44 @@ def test_tfrecord_example_switches_both_ranks_at_the_same_batches(tmp_path):  # 
     assert sizes == sorted(sizes) and sizes[-1] > 32
     acc = float(proc.stdout.split("test accuracy")[1].split()[0])
     assert acc > 0.6
+
+
+@pytest.mark.primary_only
+def test_sync_strategies_example_switches_to_post_local_sgd_after_the_decay(tmp_path):
+    import json
+
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+           os.path.join(ROOT, "examples", "sync_strategies.py"),
+           "--epochs", "6", "--logdir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    printed = [l for l in proc.stdout.splitlines() if "[keras-adapt] step" in l]
+    with open(tmp_path / "adapt_events.jsonl") as f:
+        events = [json.loads(line) for line in f]
+    assert len(printed) == len(events) >= 1  # each switch printed once (rank 0) and on disk
+    last = events[-1]
+    assert last["kind"] == "sync_strategy" and last["after"]["sync_strategy"] == "local_sgd"
+    # 6 epochs of 45 updates: the rate drops after update 135; the policy
+    # proposes local SGD at 140 and 150 (interval 10) and switches at the
+    # second proposal (patience 2).
+    assert last["step"] == 150 and last["reason"].startswith("post-local SGD")
+    assert "strategies: allreduce_sgd" in proc.stdout and "-> local_sgd" in proc.stdout
+    acc = float(proc.stdout.split("test accuracy")[1].split()[0])
+    assert acc > 0.9
+    # What the Adapt tab and the report draw: the strategy series switches
+    # exactly at each switch's step (the policy runs before AdaptTensorBoard),
+    # and the run gets the sync strategy panel.
+    from keras_adapt import report
+    from keras_adapt.record import metadata
+
+    (run,) = report.load_runs(str(tmp_path))
+    points = dict((s, v) for s, _, v in run.series[metadata.SCALAR_TAGS["sync_strategy"]])
+    switches = {e["step"]: e["after"]["sync_strategy"] for e in events
+                if e["kind"] == "sync_strategy"}
+    for step in sorted(points):
+        earlier = [s for s in switches if s <= step]
+        name = switches[max(earlier)] if earlier else "allreduce_sgd"
+        assert metadata.SYNC_STRATEGIES[int(points[step])] == name, (step, points[step])
+    assert set(switches) <= set(points)
+    assert report.has_sync_strategy_panel(run)

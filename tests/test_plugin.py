@@ -200,6 +200,13 @@ def test_runs_lists_only_runs_with_adapt_data(client):
     assert runs["newer_format"]["tags"] == ["adapt/gns"]
     assert body["kinds"] == list(metadata.EVENT_KINDS) == ["batch_size", "lr", "resume", "sync_strategy",
                                                         "straggler"]
+    # The strategies' names by the index adapt/sync_strategy holds, as the
+    # strategy classes number themselves (the tab labels its chart with them).
+    from keras_adapt.sync.state import STRATEGIES
+
+    assert body["sync_strategies"] == list(metadata.SYNC_STRATEGIES)
+    assert {name: body["sync_strategies"][cls.index] for name, cls in STRATEGIES.items()} == {
+        name: name for name in STRATEGIES}
 
 
 def test_scalars_are_downsampled_keeping_first_last_and_extremes(loaded):

@@ -79,3 +79,35 @@ def test_rank0_wrote_the_events_file_with_the_schema(run):
         assert list(record) == list(events.EVENT_FIELDS)
         assert record["rank"] == 0
         assert {k: v for k, v in record.items() if k not in ("wall_time", "rank")} == expected
+
+
+def test_sync_strategy_policy_switches_where_its_inputs_say_on_both_ranks(run):
+    out, (r0, r1) = run
+    s0, s1 = r0["sync"], r1["sync"]
+    assert s0["events"] == s1["events"]
+    # patience=2: the second proposal in a row switches (proposals every 10 updates)
+    got = [(e["step"], e["before"]["sync_strategy"], e["after"]["sync_strategy"])
+           for e in s0["events"]]
+    assert got == [(30, "allreduce_sgd", "local_sgd"), (60, "local_sgd", "allreduce_sgd"),
+                   (100, "allreduce_sgd", "local_sgd")]
+    # The schedule decays after update 80; the decision reads it at 90 and 100.
+    assert s0["events"][2]["reason"] == (
+        "post-local SGD: the learning rate decayed to 0.02 from its peak 0.05")
+    assert s0["events"][2]["after"] == {"sync_strategy": "local_sgd", "period": 4,
+                                        "start_after": 0}
+    at0, at1 = s0["at"], s1["at"]
+    assert [at0[s]["strategy"] for s in ("29", "30", "59", "60", "99", "100")] == [
+        "allreduce_sgd", "local_sgd", "local_sgd", "allreduce_sgd", "allreduce_sgd", "local_sgd"]
+    # Under AllReduceSGD the ranks agree. Under LocalSGD(4) from update 30
+    # the models are averaged after updates 33, 37, ..., 57, so at 59 they
+    # differ; the switch back at 60 averages them: identical again.
+    for step in ("29", "60", "61", "99"):
+        for a, b in zip(at0[step]["weights"], at1[step]["weights"]):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(at0["59"]["weights"], at1["59"]["weights"]))
+    # Three switches, no new trace: the count after the first step never moves.
+    assert at0["31"]["traces"] == at0["100"]["traces"] == s0["traces"]
+    # Rank 0 wrote the events; the file holds exactly them.
+    on_disk = [(e["step"], e["kind"]) for e in events.read_events(os.path.join(out, "sync_logs"))]
+    assert on_disk == [(30, "sync_strategy"), (60, "sync_strategy"), (100, "sync_strategy")]

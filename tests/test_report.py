@@ -1,7 +1,9 @@
 """``keras-adapt report``: PNG of the expected size, HTML with the (escaped) events."""
 
 import html
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -180,3 +182,88 @@ def test_a_run_with_host_metrics_gets_a_system_row_with_one_line_per_host_and_me
         metadata.SCALAR_TAGS["gns"]]}, [])], out)
     assert report.png_size(out) == (int(report.WIDTH_IN * report.DPI), int(
         (2 * report.RUN_HEIGHT_IN + report.SYSTEM_ROW_IN) * report.DPI))
+
+
+def _write_sync_run(path, switches, steps, sync_events):
+    """A run whose adapt/sync_strategy series follows ``switches`` {step: name}."""
+    index, points = 0, []
+    with tf.summary.create_file_writer(path).as_default():
+        for s in steps:
+            if s in switches:
+                index = metadata.SYNC_STRATEGIES.index(switches[s])
+            summary.scalar("sync_strategy", float(index), step=s)
+            summary.scalar("workers", 2.0, step=s)
+            points.append((s, float(index)))
+        for step in sorted({e["step"] for e in sync_events}):  # all records of a step at once
+            summary.events([e for e in sync_events if e["step"] == step])
+    return points
+
+
+def test_sync_strategy_panel_draws_the_series_with_the_strategy_names(tmp_path):
+    # Writes every 4 steps plus epoch ends (a remainder batch at 30, 61).
+    steps = sorted(set(range(0, 64, 4)) | {30, 61})
+    switch_events = [
+        metadata.make_event("sync_strategy", 12, 0, "SyncStrategyPolicy", "comm share 0.4 > 0.3",
+                            {"sync_strategy": "allreduce_sgd"},
+                            {"sync_strategy": "local_sgd", "period": 8}),
+        metadata.make_event("lr", 12, 0, "P", "decay", {"lr": 0.1}, {"lr": 0.01}),
+        metadata.make_event("sync_strategy", 30, 0, "SyncStrategyPolicy", "noise scale grew",
+                            {"sync_strategy": "local_sgd", "period": 8},
+                            {"sync_strategy": "elastic_averaging", "period": 4, "rho": 0.5}),
+    ]
+    # A hand switch at 44 (no event) back to allreduce_sgd: the series is the truth.
+    points = _write_sync_run(str(tmp_path / "sync"), {12: "local_sgd", 30: "elastic_averaging",
+                                                      44: "allreduce_sgd"}, steps, switch_events)
+    _write_sync_run(str(tmp_path / "plain"), {}, steps, [])
+    runs = {r.name: r for r in report.load_runs(str(tmp_path))}
+    assert report.has_sync_strategy_panel(runs["sync"])
+    assert not report.has_sync_strategy_panel(runs["plain"])
+
+    fig = report.build_figure([runs["sync"], runs["plain"]])
+    fig.canvas.draw()
+    panels = [ax for ax in fig.axes if ax.get_title() == "sync strategy"]
+    assert len(panels) == 1  # the plain S-SGD run has none
+    (ax,) = panels
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "strategy"]
+    assert list(line.get_xdata()) == [s for s, _ in points]
+    assert list(line.get_ydata()) == [v for _, v in points]
+    assert line.get_drawstyle() == "steps-post"
+    used = sorted({int(v) for _, v in points})
+    assert used == [0, 2, 4]
+    assert list(ax.get_yticks()) == used
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "allreduce_sgd", "local_sgd", "elastic_averaging"]
+    markers = [ln for ln in ax.get_lines() if ln.get_label() != "strategy"]
+    assert sorted(ln.get_xdata()[0] for ln in markers) == [12, 12, 30]
+    # The events legend moved to the block's corner; the plain run keeps its legend panel.
+    assert [t.get_text() for t in fig.subfigs[0].legends[0].get_texts()] == [
+        "lr (1)", "sync_strategy (2)"]
+    assert any(ax.texts and ax.texts[0].get_text() == "no adaptation events" for ax in fig.axes)
+    # The HTML table reads the strategies with their parameters, as the tab does.
+    page = open(report.write_report(str(tmp_path), str(tmp_path / "r.html"), runs=["sync"]),
+                encoding="utf-8").read()
+    cells = re.findall(r'<td class="mono" title="([^"]*)">([^<]*)</td>', page)
+    assert [text for _, text in cells] == [
+        "allreduce_sgd", "local_sgd (period: 8)", "lr: 0.1", "lr: 0.01",
+        "local_sgd (period: 8)", "elastic_averaging (period: 4, rho: 0.5)"]
+    assert [json.loads(html.unescape(title)) for title, _ in cells] == [
+        v for e in switch_events for v in (e["before"], e["after"])]
+    out = str(tmp_path / "sync.png")
+    report.plot_runs([runs["sync"], runs["plain"]], out)
+    assert report.png_size(out) == (int(report.WIDTH_IN * report.DPI),
+                                    int(2 * report.RUN_HEIGHT_IN * report.DPI))
+
+
+def test_sync_strategy_panel_rule():
+    """A sync_strategy event alone makes a run qualify; events without the series do not."""
+    T = metadata.SCALAR_TAGS
+    plain = {T["sync_strategy"]: [(s, 0.0, 0.0) for s in range(5)]}
+    event = metadata.make_event("sync_strategy", 2, 0, "P", "r", {"sync_strategy": "allreduce_sgd"},
+                                {"sync_strategy": "allreduce_sgd"})
+    assert report.has_sync_strategy_panel(report.RunData("e", plain, [event]))
+    assert not report.has_sync_strategy_panel(report.RunData("p", plain, []))
+    assert not report.has_sync_strategy_panel(report.RunData("n", {}, [event]))
+    fig = report.build_figure([report.RunData("e", plain, [event])])
+    fig.canvas.draw()
+    (ax,) = [ax for ax in fig.axes if ax.get_title() == "sync strategy"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["allreduce_sgd"]

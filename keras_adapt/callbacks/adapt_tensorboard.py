@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import keras
 from keras_adapt import _hvd, events
+from keras_adapt.optimizer import is_distributed
 from keras_adapt.record import metadata, summary
 
 #: Logs keys copied from the logs when present (DESIGN.md section 4).
@@ -85,6 +86,16 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
       from the statistics or ``batch_size`` x workers, and ``throughput``
       (samples/s) from its own timing of the steps.
+    - ``sync_strategy``: with a keras-adapt optimizer, the index in
+      ``keras_adapt.record.metadata.SYNC_STRATEGIES`` of the synchronisation
+      strategy in use (``optimizer.adapt_state.sync.strategy``, a host
+      copy: no device read), whether a policy or the user switched it: at
+      every write, and also at the step where it changed (seen at a batch
+      start, so a switch made before a batch by a callback placed before
+      this one is dated exactly; one placed after it, one step later) and
+      at the first step of each ``fit``. A step line of these points tells
+      which strategy ran each update. Not written for other optimizers
+      (unless the logs hold it).
     - ``adapt/step_time/rank_<i>``: each worker's mean step time over the
       interval. Every worker times its own steps (from one batch start to
       the next, the first step of a ``fit`` excluded because it includes
@@ -106,9 +117,11 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       before this callback started) are written again as well, so the tab
       shows the same events as that file.
 
-    Nothing runs per step but a clock read: no host sync and no collective
-    between writes, and the batch hook is async-safe. Place it anywhere in
-    the callback list; open TensorBoard on the parent directory of
+    Nothing runs per step but a clock read (and a Python attribute read of
+    the strategy): no host sync and no collective between writes, and the
+    batch hook is async-safe. Place it anywhere in the callback list (after
+    the callbacks that switch strategies, to date their switches exactly);
+    open TensorBoard on the parent directory of
     ``log_dir`` (``tensorboard --logdir runs``).
 
     Args:
@@ -160,6 +173,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         self._timed_first = False
         self._durations = []
         self._batch_logs = None
+        self._sync = None  # rank 0, keras-adapt optimizer: its SyncState
+        self._sync_seen = None  # the strategy index at the last batch start
+        self._sync_changes = []  # (batches begun before it, index), not yet written
+        self._sync_written = None  # the last index written to the series
 
     # -- events ---------------------------------------------------------------
 
@@ -184,6 +201,8 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             # again at the next write, with the new events of those steps.
             for event in events.read_events(self.log_dir):
                 self._events.add(event)
+            if is_distributed(self.model.optimizer):
+                self._sync = self.model.optimizer.adapt_state.sync
 
     def on_epoch_begin(self, epoch, logs=None):
         # Epoch boundaries (validation, other callbacks) are not step time.
@@ -200,6 +219,12 @@ class AdaptTensorBoard(keras.callbacks.Callback):
                 self._timed_first = True  # the first step of fit() includes tracing
         self._last_t = now
         completed = self._begun
+        if self._sync is not None:
+            # A python attribute read: no device read, no sync.
+            index = self._sync.strategy.index
+            if index != self._sync_seen:
+                self._sync_seen = index
+                self._sync_changes.append((completed, index))
         if completed > 0 and completed % self.update_freq == 0:
             self._flush(completed, self._batch_logs)
         self._begun += 1
@@ -237,14 +262,33 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
         values = self._series(logs, durations)
         with self._writer.as_default():
+            self._write_strategy_changes(step, completed)
             for key, value in values.items():
                 summary.scalar(key, value, step=step)
+            if "sync_strategy" in values:
+                self._sync_written = int(values["sync_strategy"])
             if gathered is not None:
                 for rank, seconds in enumerate(gathered.reshape(-1).tolist()):
                     if summary.is_writable_number(seconds):
                         summary.step_time(rank, seconds, step=step)
             self._events.write()
         self._writer.flush()
+
+    def _write_strategy_changes(self, step, completed):
+        """Writes each strategy change seen since the last write at its own step.
+
+        A change seen at the start of batch ``b`` (``b`` batches begun in
+        this ``fit``) happened at step ``step - (completed - b)``, one
+        optimizer step per batch; this write's own value covers a change at
+        ``step`` itself.
+        """
+        changes, self._sync_changes = self._sync_changes, []
+        for batch, index in changes:
+            at = step - (completed - batch)
+            if at >= step or index == self._sync_written:
+                continue
+            summary.scalar("sync_strategy", float(index), step=at)
+            self._sync_written = index
 
     def _series(self, logs, durations):
         """The values of the shared series at this write (finite floats only)."""
@@ -274,6 +318,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
                 v = _to_float(value)
                 if v is not None:
                     values[metadata.TAG_PREFIX + key] = v
+        if is_distributed(optimizer):
+            # The strategy in use now: the host copy that sync.set() keeps,
+            # so a hand switch without an event is recorded too.
+            values["sync_strategy"] = float(optimizer.adapt_state.sync.strategy.index)
         if "lr" not in values:
             lr = current_learning_rate(optimizer)
             if lr is not None:

@@ -32,19 +32,21 @@ def _validate(optimizer, gradient_stats, skip_nonfinite):
             "optimizer is already a keras_adapt.DistributedOptimizer; wrap the "
             "plain Keras optimizer only once"
         )
-    for name, value in (("gradient_stats", gradient_stats), ("skip_nonfinite", skip_nonfinite)):
+    _check_flags(gradient_stats=gradient_stats, skip_nonfinite=skip_nonfinite)
+    return optimizer
+
+
+def _check_flags(**flags):
+    for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
-    return optimizer
 
 
 def _check_horovod_arguments(sparse_as_dense, backward_passes_per_step,
                              average_aggregated_gradients, scale_local_gradients, local_layers):
-    for name, value in (("sparse_as_dense", sparse_as_dense),
-                        ("average_aggregated_gradients", average_aggregated_gradients),
-                        ("scale_local_gradients", scale_local_gradients)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    _check_flags(sparse_as_dense=sparse_as_dense,
+                 average_aggregated_gradients=average_aggregated_gradients,
+                 scale_local_gradients=scale_local_gradients)
     k = backward_passes_per_step
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(

@@ -17,6 +17,7 @@ from keras_adapt.policies.scaling_rules import (
 )
 from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
 from keras_adapt.policies.straggler import StragglerPolicy
+from keras_adapt.policies.sync_strategy import SyncStrategyPolicy
 
 __all__ = [
     "AdaScale",
@@ -31,5 +32,6 @@ __all__ = [
     "ScheduledBatchSizePolicy",
     "SqrtScaling",
     "StragglerPolicy",
+    "SyncStrategyPolicy",
     "statistical_efficiency",
 ]

@@ -157,12 +157,13 @@ class AdaptationPolicy(keras.callbacks.Callback):
         """Optimizer updates so far (``optimizer.iterations``)."""
         return int(self.model.optimizer.iterations.numpy())
 
-    def measurements(self):
-        """The gradient statistics now (a dict; empty without statistics)."""
+    def measurements(self, result=None):
+        """The gradient statistics now (a dict; empty without statistics);
+        ``result``: a ``GradientStatistics.result()`` already read."""
         stats = self.model.optimizer.gradient_statistics
         if stats is None:
             return {}
-        result = stats.result()
+        result = stats.result() if result is None else result
         return {k: result[k] for k in _STAT_KEYS}
 
     def _values(self, logs):

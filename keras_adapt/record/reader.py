@@ -28,7 +28,8 @@ import math
 
 from keras_adapt.record import metadata
 
-__all__ = ["annotate", "downsample", "list_runs", "read_events", "read_series"]
+__all__ = ["annotate", "downsample", "list_runs", "read_events", "read_series",
+           "shows_sync_strategy", "sync_strategy_name"]
 
 _SCALARS, _ADAPT = metadata.SCALARS_PLUGIN_NAME, metadata.PLUGIN_NAME
 
@@ -304,3 +305,47 @@ def annotate(event):
     event = dict(event)
     event["known"] = event.get("kind") in metadata.EVENT_KINDS
     return event
+
+
+def sync_strategy_name(value):
+    """The name of the strategy whose index is ``value`` (a point of ``adapt/sync_strategy``).
+
+    An index that :data:`metadata.SYNC_STRATEGIES` does not know (a newer
+    keras-adapt) is named ``"unknown (i)"``, never dropped.
+
+    Example:
+
+    >>> from keras_adapt.record.reader import sync_strategy_name
+    >>> sync_strategy_name(2.0), sync_strategy_name(9.0)
+    ('local_sgd', 'unknown (9)')
+    """
+    index = int(round(float(value)))
+    if 0 <= index < len(metadata.SYNC_STRATEGIES):
+        return metadata.SYNC_STRATEGIES[index]
+    return f"unknown ({index})"
+
+
+def shows_sync_strategy(points, events):
+    """Whether a run gets a "sync strategy" chart: the Adapt tab's and the report's rule.
+
+    ``points`` are the run's ``adapt/sync_strategy`` points ``(step,
+    wall_time, value)`` (empty without the series), ``events`` its event
+    records. A chart needs the series, and tells something only when some
+    strategy other than AllReduceSGD was in use or the run recorded a
+    ``sync_strategy`` event: a plain synchronous-SGD run gets none. (The
+    tab's ``static/index.js`` applies the same rule to the same data.)
+
+    Example:
+
+    >>> from keras_adapt.record.reader import shows_sync_strategy
+    >>> plain = [(0, 0.0, 0.0), (10, 0.0, 0.0)]
+    >>> shows_sync_strategy(plain, []), shows_sync_strategy(plain + [(20, 0.0, 2.0)], [])
+    (False, True)
+    >>> shows_sync_strategy(plain, [{"kind": "sync_strategy"}]), shows_sync_strategy([], [{"kind": "sync_strategy"}])
+    (True, False)
+    """
+    values = [v for _, _, v in points if v is not None]
+    if not values:
+        return False
+    plain = metadata.SYNC_STRATEGIES.index("allreduce_sgd")
+    return any(v != plain for v in values) or any(e.get("kind") == "sync_strategy" for e in events)

@@ -3,8 +3,10 @@
 Routes (under ``/data/plugin/adapt/``):
 
 ``runs``
-    ``{"runs": [{"run", "tags", "events"}], "kinds": [...]}`` -- every run
-    with adapt data, and the known event kinds.
+    ``{"runs": [{"run", "tags", "events"}], "kinds": [...], "sync_strategies": [...]}``
+    -- every run with adapt data, the known event kinds, and the
+    synchronisation strategies' names by the index that the
+    ``adapt/sync_strategy`` series holds (:data:`metadata.SYNC_STRATEGIES`).
 ``scalars?run=R[&tag=T][&max_points=N]``
     ``{"run", "series": {tag: [[step, wall_time, value], ...]}, "total": {tag: n}}``,
     each series downsampled on the server to at most N points (default
@@ -80,7 +82,7 @@ def _bad(request, message, code=400):
 
 
 class AdaptPlugin(base_plugin.TBPlugin):
-    """Serves the "Adapt" tab: noise scale, batch size, lr, workers, throughput, events.
+    """Serves the "Adapt" tab: noise scale, batch size, lr, workers, throughput, sync strategy, events.
 
     It reads only through ``context.data_provider``: the ``adapt/*``
     scalars (TensorBoard's scalars plugin data, so the Scalars tab shows
@@ -133,7 +135,8 @@ class AdaptPlugin(base_plugin.TBPlugin):
     def _serve_runs(self, request):
         ctx, eid = self._request_context(request)
         runs = reader.list_runs(self._provider, ctx, eid)
-        return _json(request, {"runs": runs, "kinds": list(metadata.EVENT_KINDS)})
+        return _json(request, {"runs": runs, "kinds": list(metadata.EVENT_KINDS),
+                               "sync_strategies": list(metadata.SYNC_STRATEGIES)})
 
     @wrappers.Request.application
     def _serve_scalars(self, request):

@@ -6,6 +6,8 @@ Phases (one launch):
   accumulate  GNSBatchSizePolicy through gradient accumulation (k changes)
             plus LRScalingPolicy following it
   goodput   GoodputBatchSizePolicy (host-side timings agreed by allreduce)
+  sync      SyncStrategyPolicy: a scripted rule (local at 20, back at 50) and
+            the default post-local rule after a learning-rate decay at 80
 Each phase records its events (without wall time), the final weights, the
 batch-size trajectory and the micro-batch every step actually used.
 """
@@ -19,7 +21,13 @@ import keras
 import keras_adapt
 from keras_adapt.callbacks import BroadcastGlobalVariablesCallback
 from keras_adapt.data import AdaptiveBatchDataset, teacher_student
-from keras_adapt.policies import GNSBatchSizePolicy, GoodputBatchSizePolicy, LRScalingPolicy
+from keras_adapt.policies import (
+    GNSBatchSizePolicy,
+    GoodputBatchSizePolicy,
+    LRScalingPolicy,
+    SyncStrategyPolicy,
+)
+from keras_adapt.sync import AllReduceSGD, LocalSGD
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -93,6 +101,61 @@ goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_mi
                                  warmup_updates=20, min_change_interval=30, measure_updates=10,
                                  interval=15)
 run("goodput", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
+
+# sync: switches at the steps a scripted rule says, then post-local SGD
+class ScriptedSync(SyncStrategyPolicy):
+    """Proposes LocalSGD for updates [20, 50), AllReduceSGD for [50, 80),
+    then the default rules (only the post-local one is on)."""
+
+    def choose(self, step, values):
+        if 20 <= step < 50:
+            return self.local, "scripted: local"
+        if 50 <= step < 80:
+            return AllReduceSGD(), "scripted: allreduce"
+        return super().choose(step, values)
+
+
+class Snapshots(keras.callbacks.Callback):
+    """Weights, strategy and trace count at the start of every step (after
+    the policy's switch, before the step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at = {}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        opt = self.model.optimizer
+        step = int(opt.iterations.numpy())
+        self.at[step] = {"strategy": opt.adapt_state.sync.strategy.name,
+                         "weights": [w.tolist() for w in self.model.get_weights()],
+                         "traces": traces[0]}
+
+
+traces = [0]
+
+
+def counting_loss(y_true, y_pred):
+    traces[0] += 1  # runs once per trace of the train function
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+
+keras.utils.set_random_seed(100 + rank)
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(4)])
+schedule = keras.optimizers.schedules.PiecewiseConstantDecay([80], [0.05, 0.02])
+local = LocalSGD(period=4)
+model.compile(keras_adapt.DistributedOptimizer(
+    keras.optimizers.SGD(schedule, momentum=0.9), gradient_stats=True,
+    sync_strategy=[AllReduceSGD(), local]), counting_loss)
+policy = ScriptedSync(local=local, noise_low=None, noise_high=None, comm_fraction=None,
+                      warmup_updates=0, patience=2, min_switch_interval=0, interval=10,
+                      log_dir=os.path.join(args.out, "sync_logs"))
+snapshots = Snapshots()
+model.fit(x[rank::size], y[rank::size], batch_size=16, epochs=1, steps_per_epoch=120,
+          shuffle=False, verbose=0,
+          callbacks=[BroadcastGlobalVariablesCallback(0), policy, snapshots])
+results["sync"] = {"events": plain(policy.events), "traces": traces[0],
+                   "at": {str(s): snapshots.at[s] for s in (29, 30, 31, 59, 60, 61, 99, 100)}}
 
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(results, f)

@@ -100,8 +100,14 @@ function fmt(v) {
 }
 
 // "batch_size: 64, lr: 0.02" from {"batch_size": 64, "lr": 0.019999999552965164}.
+// A strategy with its parameters reads "local_sgd (period: 8)" from
+// {"sync_strategy": "local_sgd", "period": 8} (sync_strategy events).
 function formatValues(obj) {
   if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) return compact(obj);
+  if (typeof obj.sync_strategy === 'string') {
+    const {sync_strategy: name, ...params} = obj;
+    return Object.keys(params).length ? `${name} (${formatValues(params)})` : name;
+  }
   const parts = Object.entries(obj).map(([k, v]) => {
     if (typeof v === 'number') return `${k}: ${fmt(v)}`;
     if (typeof v === 'string') return `${k}: ${v}`;
@@ -166,10 +172,12 @@ function niceTicks(lo, hi, count) {
 /**
  * Draws one chart into `card`.
  * spec: {id, title, series: [{name, color, points: [[step, wall, value]], step}],
- *        logY, integer (whole-number ticks), events, xDomain}
+ *        logY, integer (whole-number ticks), events, xDomain,
+ *        categories ([[value, label]]: one labelled tick per value, nothing else)}
  */
 function drawChart(card, spec) {
-  const W = 560, H = 220, L = 56, R = 12, T = 10, B = 26;
+  const W = 560, H = 220, R = 12, T = 10, B = 26;
+  const L = spec.categories ? 112 : 56;  // room for names as y labels
   const root = svg('svg', {viewBox: `0 0 ${W} ${H}`, 'data-chart': spec.id, role: 'img'});
   root.appendChild(svg('title', {}, spec.title));
   const usable = (v) => v !== null && Number.isFinite(v) && (!spec.logY || v > 0);
@@ -185,7 +193,12 @@ function drawChart(card, spec) {
     let lo = Math.min(...ys), hi = Math.max(...ys);
     const tf = spec.logY ? Math.log10 : (v) => v;
     let tlo = tf(lo), thi = tf(hi);
-    if (thi - tlo < 1e-12) {
+    if (spec.categories) {
+      // Half a row above and below the outer categories.
+      const values = spec.categories.map((c) => c[0]);
+      tlo = Math.min(lo, ...values) - 0.5;
+      thi = Math.max(hi, ...values) + 0.5;
+    } else if (thi - tlo < 1e-12) {
       // A constant series (a fixed lr, one worker): centre it in a band
       // proportional to its value.
       const half = spec.logY ? 0.5
@@ -193,9 +206,9 @@ function drawChart(card, spec) {
       tlo -= half;
       thi += half;
     }
-    const pad = (thi - tlo) * 0.06;
+    const pad = spec.categories ? 0 : (thi - tlo) * 0.06;
     tlo -= pad; thi += pad;
-    if (!spec.logY && lo >= 0 && tlo < 0) tlo = 0;
+    if (!spec.logY && !spec.categories && lo >= 0 && tlo < 0) tlo = 0;
     const sy = (v) => T + (1 - (tf(v) - tlo) / (thi - tlo)) * (H - T - B);
 
     // grid and axes
@@ -208,11 +221,14 @@ function drawChart(card, spec) {
       // Less than a decade: label plain values instead of powers of ten.
       yTicks = niceTicks(Math.pow(10, tlo), Math.pow(10, thi), 4).filter((t) => t > 0);
     }
+    const yLabels = new Map(spec.categories || []);
+    if (spec.categories) yTicks = spec.categories.map((c) => c[0]);
     for (const t of yTicks) {
       const y = sy(t);
       if (y < T - 1 || y > H - B + 1) continue;
       root.appendChild(svg('line', {x1: L, x2: W - R, y1: y, y2: y, class: 'grid'}));
-      root.appendChild(svg('text', {x: L - 4, y: y + 3, 'text-anchor': 'end', class: 'axis'}, fmt(t)));
+      root.appendChild(svg('text', {x: L - 4, y: y + 3, 'text-anchor': 'end', class: 'axis'},
+                           yLabels.has(t) ? yLabels.get(t) : fmt(t)));
     }
     for (const t of niceTicks(x0, x1, 6)) {
       const x = sx(t);
@@ -309,6 +325,22 @@ function seriesOf(data, key, name, color, step = false) {
   return {name, color, step, points: data.series[TAG(key)] || []};
 }
 
+// The "Sync strategy" chart, or null when it would tell nothing: the run
+// needs the adapt/sync_strategy series, and some strategy other than
+// allreduce_sgd in it or a sync_strategy event (a plain synchronous-SGD run
+// gets no chart). The same rule as keras_adapt.record.reader.shows_sync_strategy.
+// `names` are the strategies by index, from the server (metadata.SYNC_STRATEGIES).
+function syncStrategyChart(data, events, names) {
+  const points = (data.series[TAG('sync_strategy')] || []).filter((p) => Number.isFinite(p[2]));
+  if (!points.length) return null;
+  const plain = names.indexOf('allreduce_sgd');
+  if (!points.some((p) => p[2] !== plain) && !events.some((e) => e.kind === 'sync_strategy')) return null;
+  const name = (i) => (i >= 0 && i < names.length ? names[i] : `unknown (${i})`);
+  const used = [...new Set(points.map((p) => Math.round(p[2])))].sort((a, b) => a - b);
+  return {id: 'sync_strategy', title: 'Sync strategy', categories: used.map((i) => [i, name(i)]),
+          series: [{name: 'strategy in use', color: '#37474f', step: true, points}]};
+}
+
 async function showRun(run, ui) {
   hideTooltip();  // its marker is about to be replaced, with no mouseleave
   ui.status.textContent = 'loading…';
@@ -358,6 +390,8 @@ async function showRun(run, ui) {
     charts.push({id: 'comm_fraction', title: 'Worker timing: communication fraction',
                  series: [seriesOf(data, 'comm_fraction', 'comm_fraction', '#5d4037')]});
   }
+  const sync = syncStrategyChart(data, events, ui.syncStrategies);
+  if (sync) charts.push(sync);
   for (const [metric, title] of SYSTEM_CHARTS) {
     const tags = Object.keys(data.series)
       .filter((t) => t.startsWith(SYSTEM_PREFIX) && t.endsWith('/' + metric))
@@ -434,7 +468,7 @@ export async function render() {
   table.appendChild(el('tbody'));
 
   for (const node of [bar, errors, legend, charts, eventsHeader, table, tooltip]) document.body.appendChild(node);
-  const ui = {select, status, errors, legend, charts, kind, table, events: []};
+  const ui = {select, status, errors, legend, charts, kind, table, events: [], syncStrategies: []};
 
   kind.addEventListener('change', () => renderTable(table, ui.events, kind.value));
   select.addEventListener('change', () => showRun(select.value, ui));
@@ -447,6 +481,7 @@ export async function render() {
       errors.textContent = `Could not list runs: ${err.message}`;
       return;
     }
+    ui.syncStrategies = listing.sync_strategies || [];
     const previous = select.value;
     select.textContent = '';
     for (const r of listing.runs || []) select.appendChild(el('option', {value: r.run}, r.run));
