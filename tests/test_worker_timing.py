@@ -233,6 +233,8 @@ def _model():
 def test_one_worker_waits_nothing_and_logs_between_measurements():
     model = _model()
     monitor = WorkerTimingMonitor(interval=4, batch_size=16)
+    before = monitor.result()  # no measurement yet: what a policy can test
+    assert before["steps"] == 0 and before["compute_time"] == [] and np.isnan(before["comm_fraction"])
     seen = []
 
     class Logs(keras.callbacks.Callback):
@@ -245,6 +247,7 @@ def test_one_worker_waits_nothing_and_logs_between_measurements():
     assert ["comm_fraction" in s for s in seen] == [False] * 4 + [True] * 6
     r = monitor.result()
     assert r["steps"] == 4 and r["wait_time"] == [0.0] and r["comm_fraction"] == 0.0
+    assert monitor.measurements == 2  # at steps 4 and 8 (10 steps)
     assert r["compute_time"][0] == r["step_time"] > 0.0
     assert r["throughput"] == pytest.approx(16 / r["step_time"])
     assert seen[-1][metadata.worker_time_key("compute_time", 0)] == r["compute_time"][0]
@@ -316,3 +319,40 @@ def test_worker_time_tags_round_trip():
         assert metadata.parse_worker_time_tag(other) is None
     with pytest.raises(ValueError, match="gpu_time"):
         metadata.worker_time_key("gpu_time", 0)
+
+
+def test_sync_strategy_policy_reads_the_monitor_before_and_after_its_first_measurement():
+    # SyncStrategyPolicy reads result()["comm_fraction"] from its first step
+    # on, before the monitor measured anything.
+    from keras_adapt.policies import SyncStrategyPolicy
+    from keras_adapt.sync import AllReduceSGD, LocalSGD
+
+    opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05), gradient_stats=True,
+                                           sync_strategy=[AllReduceSGD(), LocalSGD(period=4)])
+    model = keras.Sequential([keras.layers.Dense(1)])
+    model.compile(opt, "mse")
+    monitor = WorkerTimingMonitor(interval=3)
+    policy = SyncStrategyPolicy(local=LocalSGD(period=4), timing=monitor, interval=3,
+                                warmup_updates=0, patience=1, min_switch_interval=0)
+    x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+    model.fit(x, x.sum(1), batch_size=8, epochs=1, verbose=0, callbacks=[monitor, policy])
+    assert monitor.measurements == 3 and monitor.result()["comm_fraction"] == 0.0
+
+
+def test_straggler_policy_arguments_and_rule():
+    from keras_adapt.policies import StragglerPolicy
+    from keras_adapt.policies.straggler import slow_ranks
+
+    monitor = WorkerTimingMonitor(interval=7)
+    assert StragglerPolicy(monitor).interval == 7  # checks at the monitor's pace
+    with pytest.raises(TypeError, match="WorkerTimingMonitor"):
+        StragglerPolicy(None)
+    for kwargs, match in (({"warmup_s": -1}, "warmup_s=-1"), ({"threshold": 0}, "threshold=0"),
+                          ({"threshold": float("nan")}, "threshold=nan"),
+                          ({"patience": 0}, "patience=0")):
+        with pytest.raises(ValueError, match=match):
+            StragglerPolicy(monitor, **kwargs)
+    # median of 4 workers is 0.0105: 0.0113 is 7.6 % above (flagged), 0.0112 6.7 % (not)
+    assert slow_ranks([0.010, 0.011, 0.0113, 0.0100], 0.067) == {2: pytest.approx(0.0113 / 0.0105)}
+    assert slow_ranks([0.010, 0.011, 0.0112, 0.0100], 0.067) == {}
+    assert slow_ranks([0.0, 0.0], 0.067) == {}

@@ -82,7 +82,8 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
     tab's Worker timing charts; ``keras-adapt report``) and then uses these
     per-worker step times instead of gathering its own. Between measurements
     the last values are repeated in the logs. :meth:`result` gives them to
-    policies.
+    policies (``StragglerPolicy``, ``SyncStrategyPolicy``'s ``timing``);
+    :attr:`measurements` counts them.
 
     The timestamps are added to the update when this callback is set on the
     model, before the train function is traced (a train function traced
@@ -104,6 +105,8 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
     >>> monitor = WorkerTimingMonitor(interval=3, batch_size=8)
+    >>> monitor.result()["steps"], monitor.measurements
+    (0, 0)
     >>> h = model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=8, verbose=0, callbacks=[monitor])
     >>> r = monitor.result()
     >>> r["comm_fraction"], r["wait_time"], r["compute_time"][0] == r["step_time"] > 0
@@ -217,13 +220,16 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
             logs.update(self._values)
 
     def result(self):
-        """The last measurement, the same on every worker, or None before the first.
+        """The last measurement, the same on every worker.
 
         A dict: ``step_time`` (s, mean over workers), ``comm_fraction``,
         ``throughput`` (global samples/s; NaN when the batch size is
         unknown), ``compute_time`` and ``wait_time`` (s per step, lists by
         rank) and ``steps`` (the steps each worker timed in the interval).
+        Before the first measurement: NaN values, empty lists and
+        ``steps`` 0.
         """
         if self._result is None:
-            return None
+            return {"step_time": math.nan, "comm_fraction": math.nan, "throughput": math.nan,
+                    "compute_time": [], "wait_time": [], "steps": 0}
         return {k: list(v) if isinstance(v, list) else v for k, v in self._result.items()}

@@ -73,7 +73,7 @@ class Recorder(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         r = self.monitor.result()
-        if r is not None and (not self.results or r != self.results[-1]["result"]):
+        if r["steps"] > 0 and (not self.results or r != self.results[-1]["result"]):
             self.results.append({"step": int(self.model.optimizer.iterations.numpy()),
                                  "result": r, "logs": {k: float(v) for k, v in logs.items()
                                                        if "/rank_" in k or k in (
