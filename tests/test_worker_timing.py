@@ -51,14 +51,14 @@ def _median(results, key, rank):
     return statistics.median(r["result"][key][rank] for r in results)
 
 
-def _check_run(results, slow_hook=False):
+def _check_run(results, slow_hook=False, collectives=STEPS):
     """What must hold in every 2-worker run; returns rank 0's measurements."""
     r0, r1 = results
     assert (r0["size"], r0["steps"], r1["steps"]) == (2, STEPS, STEPS)
     # No timestamp in the update unless a monitor (or the slow-rank hook) asked for them.
     assert (r0["timestamp_without"], r0["timestamp_with"]) == (slow_hook, True)
     # One timed collective (the grouped gradient allreduce) per update, on each rank.
-    assert r0["collectives"] == r1["collectives"] == STEPS
+    assert r0["collectives"] == r1["collectives"] == collectives
     # The same agreed values on both ranks, from the one allgather.
     assert [x["result"] for x in r0["results"]] == [x["result"] for x in r1["results"]]
     measured = r0["results"]
@@ -219,6 +219,17 @@ def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path):
     assert first_warm + STRAGGLER["patience"] - 1 <= steps.index(flags[0][0]) <= first_warm + 5
     print(f"straggler flagged at step {flags[0][0] - 1}, ratio {flags[0][2]:.2f}")
     _check_straggler_events(plain, plain_dir)
+
+
+def test_local_sgd_model_averaging_is_timed(tmp_path):
+    # LocalSGD(period=5) without statistics: the only collective is the
+    # models' average every 5 updates, and it is what the monitor times.
+    results, log_dir = _launch(tmp_path, "local", extra=["--local_sgd", "5"])
+    # plus one average of weights and slots on entering the strategy (first update)
+    measured = _check_run(results, collectives=STEPS // 5 + 1)
+    # Both models are averaged at the same steps: one timed wait per interval of 5.
+    assert all(x["result"]["steps"] in (4, 5) for x in measured)
+    _check_series(log_dir, measured)
 
 
 # -- one process -------------------------------------------------------------

@@ -30,6 +30,7 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--log_dir", required=True)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--straggler", default="")  # JSON kwargs of StragglerPolicy, or ""
+parser.add_argument("--local_sgd", type=int, default=0)  # LocalSGD(period) without statistics
 args = parser.parse_args()
 rank, size = keras_adapt.rank(), keras_adapt.size()
 INTERVAL, BATCH, STEPS = 5, 32, 30
@@ -87,10 +88,21 @@ y = x @ np.random.rand(256, 1).astype("float32")
 # ~10 ms of computation per step, so that timing noise is small beside it.
 model = keras.Sequential([keras.layers.Dense(1024, activation="relu"),
                           keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1)])
-model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.001)), "mse")
-monitor = WorkerTimingMonitor(interval=INTERVAL)
+if args.local_sgd:
+    from keras_adapt.sync import LocalSGD
+
+    # The models are averaged every `local_sgd` updates, the only collective.
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.001),
+                                                   gradient_stats=False,
+                                                   sync_strategy=LocalSGD(period=args.local_sgd)),
+                  "mse")
+    monitor = WorkerTimingMonitor(interval=INTERVAL, batch_size=BATCH)
+    callbacks = [BroadcastGlobalVariablesCallback(0), monitor]
+else:
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.001)), "mse")
+    monitor = WorkerTimingMonitor(interval=INTERVAL)
+    callbacks = [BroadcastGlobalVariablesCallback(0), GradientStatsMonitor(interval=4), monitor]
 recorder = Recorder(monitor)
-callbacks = [BroadcastGlobalVariablesCallback(0), GradientStatsMonitor(interval=4), monitor]
 policy = None
 if args.straggler:
     from keras_adapt.policies import StragglerPolicy
