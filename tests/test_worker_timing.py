@@ -57,6 +57,9 @@ def _check_run(results, slow_hook=False, collectives=STEPS):
     assert (r0["size"], r0["steps"], r1["steps"]) == (2, STEPS, STEPS)
     # No timestamp in the update unless a monitor (or the slow-rank hook) asked for them.
     assert (r0["timestamp_without"], r0["timestamp_with"]) == (slow_hook, True)
+    # A model that trained without the monitor: nothing timed in that fit; its
+    # train function is traced again with the monitor and its 4 updates are timed.
+    assert r0["retraced_collectives"] == r1["retraced_collectives"] == [0, 4]
     # One timed collective (the grouped gradient allreduce) per update, on each rank.
     assert r0["collectives"] == r1["collectives"] == collectives
     # The same agreed values on both ranks, from the one allgather.

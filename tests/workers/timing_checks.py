@@ -63,6 +63,18 @@ probe_model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)),
 WorkerTimingMonitor(interval=2).set_model(probe_model)
 ops_with = update_op_types(probe_model.optimizer)
 
+# A model trained before without the monitor: its train function (traced
+# without timestamps) is traced again once the monitor is set, so every
+# update of the next fit is timed.
+retraced = keras.Sequential([keras.layers.Dense(1)])
+retraced.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+xs = np.ones((4 * 8, 3), "float32")
+retraced.fit(xs, xs[:, :1], batch_size=8, epochs=1, verbose=0)
+before_monitor = retraced.optimizer.adapt_state.timing.read()[1]
+retraced.fit(xs, xs[:, :1], batch_size=8, epochs=1, verbose=0,
+             callbacks=[WorkerTimingMonitor(interval=2)])
+retraced_collectives = [before_monitor, retraced.optimizer.adapt_state.timing.read()[1]]
+
 
 class Recorder(keras.callbacks.Callback):
     """Every new result of the monitor (and policy), with the step it appeared at."""
@@ -117,6 +129,7 @@ elapsed = time.perf_counter() - start
 out = {"rank": rank, "size": size, "elapsed": elapsed,
        "steps": int(model.optimizer.iterations.numpy()),
        "timestamp_without": "Timestamp" in ops_without, "timestamp_with": "Timestamp" in ops_with,
+       "retraced_collectives": retraced_collectives,
        "results": recorder.results,
        "wait_total": model.optimizer.adapt_state.timing.read()[0],
        "collectives": model.optimizer.adapt_state.timing.read()[1],
