@@ -270,7 +270,9 @@ def test_one_worker_waits_nothing_and_logs_between_measurements():
     assert monitor.result()["wait_time"] == [0.0]
 
 
-def test_monitor_drops_a_train_function_traced_without_stamps():
+def test_monitor_drops_a_train_function_traced_without_stamps(tmp_path):
+    from keras_adapt.callbacks import AdaptTensorBoard
+
     model = _model()
     x = np.random.rand(64, 3).astype("float32")
     model.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0)
@@ -279,9 +281,21 @@ def test_monitor_drops_a_train_function_traced_without_stamps():
     assert not timing.enabled
     monitor = WorkerTimingMonitor(interval=2)
     monitor.set_model(model)
-    assert timing.enabled and model.train_function is None
-    model.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0, callbacks=[monitor])
+    assert timing.enabled and timing.monitored and model.train_function is None
+    log_dir = tmp_path / "run"
+    model.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0,
+              callbacks=[monitor, AdaptTensorBoard(log_dir, update_freq=2)])
     assert monitor.result()["steps"] >= 1
+    # After that fit AdaptTensorBoard gathers its own step times again.
+    assert timing.enabled and not timing.monitored
+    model.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0,
+              callbacks=[AdaptTensorBoard(log_dir, update_freq=2)])
+    series = _read_series(log_dir)
+    # 2nd fit (steps 5-8): the monitor's first measurement (at the start of
+    # step 7) reaches the logs after the write at step 6, so only step 8 has it.
+    assert sorted(series[metadata.worker_time_tag("compute_time", 0)]) == [8]
+    # 3rd fit: AdaptTensorBoard's own step times again, at steps 10 and 12.
+    assert sorted(series[metadata.step_time_tag(0)]) == [8, 10, 12]
 
 
 def test_collective_timing_brackets_the_collective():

@@ -188,10 +188,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._reset()
         self._rank, self._size = _hvd.rank(), _hvd.size()
-        # A WorkerTimingMonitor (it enables the timing in set_model, before
+        # A WorkerTimingMonitor in this fit (it says so in set_model, before
         # any on_train_begin, on every rank alike) gathers the step times.
         timing = getattr(getattr(self.model.optimizer, "adapt_state", None), "timing", None)
-        self._gather_step_times = self.step_times and not (timing is not None and timing.enabled)
+        self._gather_step_times = self.step_times and not (timing is not None and timing.monitored)
         if self._rank == 0:
             os.makedirs(self.log_dir, exist_ok=True)
             self._writer = tf.summary.create_file_writer(self.log_dir)

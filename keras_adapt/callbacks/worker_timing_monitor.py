@@ -142,6 +142,7 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
     def set_model(self, model):
         super().set_model(model)
         self._timing = timing_of(model)
+        self._timing.monitored = True
         if self._timing.enable():
             # A train function traced before has no timestamps: trace again.
             model.train_function = None
@@ -150,6 +151,9 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
         self._reset()
         self._rank = _hvd.rank()
         self._values = {}
+
+    def on_train_end(self, logs=None):
+        self._timing.monitored = False
 
     def on_epoch_begin(self, epoch, logs=None):
         # Epoch boundaries (validation, other callbacks) are not step time.

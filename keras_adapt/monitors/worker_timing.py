@@ -121,6 +121,10 @@ class CollectiveTiming:
 
     Attributes:
         enabled: whether the stamps are traced into the update.
+        monitored: whether a ``WorkerTimingMonitor`` reports these times in
+            the ``fit`` that runs (set from its ``set_model`` to its
+            ``on_train_end``); ``AdaptTensorBoard`` then writes the
+            monitor's step times instead of gathering its own.
         wait_seconds: float64 variable, total seconds in collectives.
         collectives: int64 variable, number of collectives timed.
 
@@ -138,6 +142,7 @@ class CollectiveTiming:
 
     def __init__(self):
         self.enabled = False
+        self.monitored = False
         self.wait_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                         name="collective_wait_seconds")
         self.collectives = tf.Variable(0, dtype=tf.int64, trainable=False,
