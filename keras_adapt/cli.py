@@ -2,6 +2,9 @@
 
 ``keras-adapt report LOGDIR -o report.png`` (or ``.html``) draws the Adapt
 tab's charts for every run under LOGDIR without TensorBoard.
+``keras-adapt plan LOGDIR --samples S`` predicts, from a run's step times and
+noise scale, the time and cost of training S samples at each worker count and
+batch size (:mod:`keras_adapt.plan`).
 
 Example:
 
@@ -12,6 +15,7 @@ Example:
 
 import argparse
 import os
+import re
 import sys
 
 __all__ = ["main"]
@@ -37,7 +41,82 @@ def _parser():
                      help="only this run (repeatable; names as TensorBoard shows them)")
     rep.add_argument("--max-points", type=int, default=2000,
                      help="points per series after downsampling (default: %(default)s)")
+    plan = sub.add_parser(
+        "plan",
+        help="predict time and cost per worker count and batch size from a run's logs",
+        description="Fits the throughput model to a run's recorded step times, reads its "
+        "noise scale, and predicts for each worker count and global batch the step time, "
+        "throughput, the samples needed to match S samples at the run's base batch, the "
+        "time and (with prices per worker-hour) the cost, on on-demand and preemptible "
+        "machines. Predictions outside what the run observed are marked with *.",
+    )
+    plan.add_argument("logdir", metavar="LOGDIR", help="TensorBoard log directory (runs below it)")
+    plan.add_argument("--run", metavar="RUN",
+                      help="the run (as TensorBoard names it) when several recorded step times")
+    plan.add_argument("--samples", type=float, required=True, metavar="S",
+                      help="samples to train, counted at the run's base batch")
+    plan.add_argument("--workers", type=_int_list, default=None, metavar="N,N,...",
+                      help="worker counts (default: 1,2,4,8)")
+    plan.add_argument("--batch-sizes", type=_int_list, default=None, metavar="B,B,...",
+                      help="global batch sizes (default: the run's and the base batch x 1..16)")
+    plan.add_argument("--price-on-demand", type=float, metavar="P",
+                      help="price per worker-hour of on-demand machines")
+    plan.add_argument("--price-preemptible", type=float, metavar="P",
+                      help="price per worker-hour of preemptible machines")
+    plan.add_argument("--revocations-per-hour", type=float, metavar="R",
+                      help="revocations per worker-hour of preemptible machines")
+    plan.add_argument("--checkpoint-seconds", type=float, metavar="C",
+                      help="seconds one checkpoint takes")
+    plan.add_argument("--restart-seconds", type=float, metavar="X",
+                      help="seconds a restart after a revocation takes (relaunch, restore)")
+    plan.add_argument("--noise-scale", type=float, metavar="PHI",
+                      help="noise scale to use instead of the run's late median")
+    plan.add_argument("--base-batch", type=int, metavar="B0",
+                      help="the batch S refers to (default: the run's first global batch)")
+    plan.add_argument("--max-micro-batch", type=int, metavar="b",
+                      help="largest per-worker micro-batch (default: the largest the run used)")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
+
+
+def _int_list(text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; pass comma-separated integers, e.g. 1,2,4,8") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; pass comma-separated integers >= 1, e.g. 1,2,4,8")
+    return values
+
+
+def _plan(args):
+    from keras_adapt import plan
+
+    try:
+        result = plan.make_plan(
+            args.logdir, args.samples, run=args.run,
+            workers=args.workers or plan.DEFAULT_WORKERS, batch_sizes=args.batch_sizes,
+            price_on_demand=args.price_on_demand, price_preemptible=args.price_preemptible,
+            revocations_per_hour=args.revocations_per_hour,
+            checkpoint_seconds=args.checkpoint_seconds, restart_seconds=args.restart_seconds,
+            noise_scale_value=args.noise_scale, base_batch=args.base_batch,
+            max_micro_batch=args.max_micro_batch)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"keras-adapt plan: {_option_names(str(exc))}", file=sys.stderr)
+        return 2
+    print(result.to_json() if args.json else plan.format_table(result))
+    return 0
+
+
+def _option_names(message):
+    """The library's argument names in a message, spelled as the command's options."""
+    for name in ("price_on_demand", "price_preemptible", "revocations_per_hour",
+                 "checkpoint_seconds", "restart_seconds", "noise_scale", "base_batch",
+                 "max_micro_batch", "batch_sizes"):
+        message = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), message)
+    return re.sub(r"\b(samples|workers)([=:])", r"--\1\2", message)
 
 
 def main(argv=None):
@@ -51,16 +130,18 @@ def main(argv=None):
     """
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command != "report":
+    if args.command not in ("report", "plan"):
         parser.print_help()
-        return 2
-    if args.max_points < 2:
-        print(f"keras-adapt report: --max-points={args.max_points} is not valid; use 2 or more",
-              file=sys.stderr)
         return 2
     # TensorFlow (loaded with TensorBoard's reader) prints start-up lines at
     # INFO level; a command-line tool shows only warnings and errors.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.command == "plan":
+        return _plan(args)
+    if args.max_points < 2:
+        print(f"keras-adapt report: --max-points={args.max_points} is not valid; use 2 or more",
+              file=sys.stderr)
+        return 2
     from keras_adapt import report
 
     try:

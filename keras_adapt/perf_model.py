@@ -220,9 +220,11 @@ class ThroughputFit:
 
         Raises ``RuntimeError`` when the fit is not usable (the reason is in
         the message) and ``ValueError`` for a multi-worker configuration
-        when no multi-worker configuration was observed (its
-        synchronisation cost is unknown) or when the prediction is not a
-        positive time (an extrapolation too far from the observations).
+        whose synchronisation cost is unknown (no multi-worker configuration
+        was observed, or all observations ran at another single worker
+        count; the observed count itself is predicted) or when the
+        prediction is not a positive time (an extrapolation too far from
+        the observations).
 
         Example:
 
@@ -238,12 +240,16 @@ class ThroughputFit:
         k = _check_count("accumulation", accumulation, "the micro-steps per update")
         if not self.usable:
             raise RuntimeError(f"the throughput model is not usable: {self.reason}")
-        if n > 1 and not any(t in self.identified for t in _MULTI_WORKER):
-            raise ValueError(
-                f"workers={n}: no multi-worker configuration was observed, so the "
-                "synchronisation cost is unknown; observe at least one configuration with "
-                "workers > 1 (and enough others) before predicting one")
         x = np.array(design_row(b, n, k))
+        determined = _in_row_space(x / self._scale * self._mask, self._row_space)
+        # With every observation at one worker count N0 > 1 the synchronisation
+        # cost is inside the fixed costs: N0 itself is determined, others are not.
+        if n > 1 and not determined and not any(t in self.identified for t in _MULTI_WORKER):
+            raise ValueError(
+                f"workers={n}: no multi-worker configuration was observed, or all observed "
+                f"ones ran at one worker count, so the synchronisation cost at {n} workers is "
+                "unknown; observe configurations at two or more worker counts, one with "
+                "workers > 1 (and enough others), before predicting this one")
         idx = [TERMS.index(t) for t in self.identified]
         theta = np.array([self.params[t] for t in self.identified])
         value = float(x[idx] @ theta)
@@ -253,8 +259,7 @@ class ThroughputFit:
                 f"{value:.3g} s, so this configuration is too far from the observed ones to "
                 "extrapolate to; observe configurations nearer to it")
         std = float(math.sqrt(max(x[idx] @ self._covariance @ x[idx], 0.0)))
-        return Prediction(value, std,
-                          _in_row_space(x / self._scale * self._mask, self._row_space))
+        return Prediction(value, std, determined)
 
     def predict_throughput(self, batch_size, workers=1, accumulation=1):
         """Predicted global samples per second ``N*k*b / T_step``, as a :class:`Prediction`.

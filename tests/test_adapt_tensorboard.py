@@ -307,3 +307,52 @@ def test_two_workers_shared_series_from_rank0_step_times_from_both(tmp_path):
     assert served == evs
     with open(log_dir / metadata.EVENTS_FILENAME) as f:
         assert [fields(json.loads(line)) for line in f] == [fields(e) for e in evs]
+
+
+class SwitchAtUpdate(keras.callbacks.Callback):
+    """Switches the strategy by hand at the first batch start at or after
+    given optimizer steps; notes the step each switch took effect."""
+
+    def __init__(self, switches):
+        super().__init__()
+        self.switches = dict(switches)
+        self.at_update = {}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        due = [s for s in self.switches if s <= step]
+        if due:
+            name = self.switches.pop(min(due))
+            self.model.optimizer.adapt_state.sync.set(name)
+            self.at_update[step] = name
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_sync_strategy_series_dates_switches_by_step_with_several_steps_per_call(tmp_path):
+    """steps_per_execution=3: the callbacks run once per 3 steps, and a
+    switch is dated at the optimizer step it takes effect, not by counting
+    batch calls."""
+    from keras_adapt.sync import AllReduceSGD, LocalSGD
+
+    log_dir = str(tmp_path / "run")
+    x, y = small_data(n=960)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(
+        keras.optimizers.SGD(0.01), sync_strategy=[AllReduceSGD(), LocalSGD(period=2)]),
+        "mse", steps_per_execution=3)
+    switch = SwitchAtUpdate({7: "local_sgd", 16: "allreduce_sgd"})
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False, callbacks=[
+        switch, AdaptTensorBoard(log_dir, update_freq=2, batch_size=32, step_times=False)])
+    assert switch.at_update == {9: "local_sgd", 18: "allreduce_sgd"}  # calls at 0, 3, 6, ...
+
+    def truth(step):
+        name = "allreduce_sgd"
+        for at in sorted(switch.at_update):
+            if at <= step:
+                name = switch.at_update[at]
+        return float(metadata.SYNC_STRATEGIES.index(name))
+
+    series, _ = read_run(log_dir)
+    points = dict((s, v) for s, _, v in series[T["sync_strategy"]])
+    assert {9, 18} <= set(points)
+    assert points == {s: truth(s) for s in points}

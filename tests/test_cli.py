@@ -22,7 +22,7 @@ def test_help_prints_usage_only():
     proc = _run(["--help"], module=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: keras-adapt")
-    assert "report" in proc.stdout
+    assert "report" in proc.stdout and "plan" in proc.stdout
     # TensorFlow's start-up lines ("oneDNN custom operations ...",
     # "cpu_feature_guard") would land on stderr.
     assert proc.stderr == ""

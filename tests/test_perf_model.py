@@ -289,3 +289,18 @@ def test_imports_without_tensorflow():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "False"]
+
+
+def test_a_run_at_one_multi_worker_count_predicts_that_count_only():
+    # Every observation at N = 2: the synchronisation cost is a fixed cost of the
+    # fit, so N = 2 is determined; N = 4 is not (raises), N = 1 is flagged.
+    model = ThroughputModel(warmup=0, min_observations=1)
+    for b in (16, 32, 64, 128):
+        model.observe(b, 0.002 + 1e-4 * b + 0.003, workers=2)
+    fit = model.fit()
+    assert fit.usable and not any(t.startswith("sync") for t in fit.identified)
+    at_two = fit.predict_step_time(96, workers=2)
+    assert at_two.determined and at_two.value == pytest.approx(0.002 + 96e-4 + 0.003)
+    with pytest.raises(ValueError, match="workers=4: .* all observed ones ran at one worker count"):
+        fit.predict_step_time(32, workers=4)
+    assert not fit.predict_step_time(32, workers=1).determined

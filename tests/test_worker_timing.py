@@ -187,8 +187,9 @@ def _check_straggler_events(results, log_dir):
         assert [g[2] for g in got] == pytest.approx([e[2] for e in expected], rel=1e-9)
         assert all(e["kind"] == "straggler" and e["policy"] == "StragglerPolicy"
                    for e in r["events"])
-    with open(log_dir / metadata.EVENTS_FILENAME) as f:
-        assert len(f.readlines()) == len(expected)  # rank 0 writes the run's event log
+    # rank 0 writes the run's event log (none without an event)
+    path = log_dir / metadata.EVENTS_FILENAME
+    assert (len(path.read_text().splitlines()) if path.exists() else 0) == len(expected)
     return expected
 
 

@@ -89,10 +89,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     - ``sync_strategy``: with a keras-adapt optimizer, the index in
       ``keras_adapt.record.metadata.SYNC_STRATEGIES`` of the synchronisation
       strategy in use (``optimizer.adapt_state.sync.strategy``, a host
-      copy: no device read), whether a policy or the user switched it: at
+      copy), whether a policy or the user switched it: at
       every write, and also at the step where it changed (seen at a batch
       start, so a switch made before a batch by a callback placed before
-      this one is dated exactly; one placed after it, one step later) and
+      this one is dated exactly; one placed after it, one update later) and
       at the first step of each ``fit``. A step line of these points tells
       which strategy ran each update. Not written for other optimizers
       (unless the logs hold it).
@@ -175,7 +175,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         self._batch_logs = None
         self._sync = None  # rank 0, keras-adapt optimizer: its SyncState
         self._sync_seen = None  # the strategy index at the last batch start
-        self._sync_changes = []  # (batches begun before it, index), not yet written
+        self._sync_changes = []  # (optimizer step, index) seen, not yet written
         self._sync_written = None  # the last index written to the series
 
     # -- events ---------------------------------------------------------------
@@ -220,11 +220,13 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         self._last_t = now
         completed = self._begun
         if self._sync is not None:
-            # A python attribute read: no device read, no sync.
+            # A python attribute read per step; the update count is read
+            # (one small device read) only when the strategy changed.
             index = self._sync.strategy.index
             if index != self._sync_seen:
                 self._sync_seen = index
-                self._sync_changes.append((completed, index))
+                self._sync_changes.append(
+                    (int(self.model.optimizer.iterations.numpy()), index))
         if completed > 0 and completed % self.update_freq == 0:
             self._flush(completed, self._batch_logs)
         self._begun += 1
@@ -262,7 +264,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
         values = self._series(logs, durations)
         with self._writer.as_default():
-            self._write_strategy_changes(step, completed)
+            self._write_strategy_changes(step)
             for key, value in values.items():
                 summary.scalar(key, value, step=step)
             if "sync_strategy" in values:
@@ -274,17 +276,14 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             self._events.write()
         self._writer.flush()
 
-    def _write_strategy_changes(self, step, completed):
-        """Writes each strategy change seen since the last write at its own step.
-
-        A change seen at the start of batch ``b`` (``b`` batches begun in
-        this ``fit``) happened at step ``step - (completed - b)``, one
-        optimizer step per batch; this write's own value covers a change at
-        ``step`` itself.
+    def _write_strategy_changes(self, step):
+        """Writes each strategy change seen since the last write at the
+        update it took effect (the optimizer step read when it was seen, so
+        accumulation and any number of micro-steps per update date it
+        right); this write's own value covers a change at ``step`` itself.
         """
         changes, self._sync_changes = self._sync_changes, []
-        for batch, index in changes:
-            at = step - (completed - batch)
+        for at, index in changes:
             if at >= step or index == self._sync_written:
                 continue
             summary.scalar("sync_strategy", float(index), step=at)
