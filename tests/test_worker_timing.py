@@ -202,7 +202,7 @@ def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path):
                               for x in slow_measured)
     print(f"slow rank 1:3: median compute ratio {ratio:.2f}; rank 0 wait "
           f"{_median(plain_measured, 'wait_time', 0):.4f} -> {_median(slow_measured, 'wait_time', 0):.4f} s")
-    assert 2.0 < ratio < 5.0, ratio
+    assert 2.0 < ratio < 6.0, ratio
     # The fast rank waits for the slow one: longer than before, and longer than rank 1.
     assert _median(slow_measured, "wait_time", 0) > _median(plain_measured, "wait_time", 0)
     assert _median(slow_measured, "wait_time", 0) > _median(slow_measured, "wait_time", 1)
