@@ -194,6 +194,9 @@ class Reduction:
             split of the average). Must be 1.0 with ``op=Sum``.
         process_set: a ``horovod.tensorflow.ProcessSet``: reduce over its
             ranks only (default: all workers).
+        timing: a :class:`~keras_adapt.monitors.worker_timing.CollectiveTiming`
+            that brackets each reduction (``optimizer.adapt_state.timing``),
+            or None.
 
     Example:
 
@@ -204,8 +207,10 @@ class Reduction:
     [[1.0, 2.0], 4.0]
     """
 
-    def __init__(self, op=None, compression=None, gradient_predivide_factor=1.0, process_set=None):
+    def __init__(self, op=None, compression=None, gradient_predivide_factor=1.0, process_set=None,
+                 timing=None):
         self.op = op
+        self.timing = timing
         self.compression = compression
         self.process_set = process_set
         factor = gradient_predivide_factor
@@ -269,13 +274,21 @@ class Reduction:
         """Reduces ``tensors`` (gradients: dense tensors or ``tf.IndexedSlices``)
         with ``op`` and averages ``scalars``; returns the reduced tensors
         followed by the averaged scalars, in their original order."""
-        import tensorflow as tf
-
         tensors, scalars = list(tensors), list(scalars)
         if self.size() == 1 or not (tensors or scalars):
             return tensors + scalars
-        delayed = _with_delay(tensors + scalars)
-        tensors, scalars = delayed[:len(tensors)], delayed[len(tensors):]
+        if self.timing is None:
+            return self._reduce(tensors + scalars, len(tensors))
+        return self.timing.bracket(lambda items: self._reduce(items, len(tensors)),
+                                   tensors + scalars, self.size())
+
+    def _reduce(self, items, count):
+        """The collective of :meth:`allreduce`: ``items[:count]`` are the
+        tensors, the rest the scalars."""
+        import tensorflow as tf
+
+        delayed = _with_delay(items)
+        tensors, scalars = delayed[:count], delayed[count:]
         if self.op is hvd.Average:
             pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         else:

@@ -38,18 +38,21 @@ import struct
 
 from keras_adapt.record import metadata, reader
 
-__all__ = ["RunData", "build_figure", "format_values", "has_sync_strategy_panel", "has_system_series", "load_runs",
+__all__ = ["RunData", "build_figure", "format_values", "has_sync_strategy_panel",
+           "has_system_series", "has_timing_series", "load_runs",
            "plot_runs", "png_size", "tick_label", "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
 WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
 #: Extra height of a run that has host metrics (SystemMonitor): one more row.
 SYSTEM_ROW_IN = 3.0
+#: Extra height of a run that has worker compute and wait times (WorkerTimingMonitor).
+TIMING_ROW_IN = 3.0
 
 #: One colour per declared event kind, the same as the Adapt tab's
 #: (``static/index.js``); other kinds are grey.
 KIND_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resume": "#bcbd22",
-               "sync_strategy": "#17becf"}
+               "sync_strategy": "#17becf", "straggler": "#d62728"}
 UNKNOWN_COLOR = "#7f7f7f"
 
 
@@ -210,13 +213,13 @@ def _minor_log_label(ax, value):
     return tick_label(value) if digit in ((2, 3, 5) if hi / lo < 10 else (2, 5)) else ""
 
 
-def _step_time_lines(series):
-    prefix = metadata.STEP_TIME_TAG_PREFIX
-    tags = sorted((t for t in series if t.startswith(prefix)),
-                  key=lambda t: int(t[len(prefix):]) if t[len(prefix):].isdigit() else 0)
+def _worker_lines(series, which):
+    """``(label, points, colour, step)`` per worker of one of the worker times."""
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
-    return [(f"rank {t[len(prefix):]}", series[t], palette[i % len(palette)], False)
-            for i, t in enumerate(tags)]
+    found = sorted((metadata.parse_worker_time_tag(t)[1], t) for t in series
+                   if (metadata.parse_worker_time_tag(t) or (None,))[0] == which)
+    return [(f"rank {rank}", series[t], palette[i % len(palette)], False)
+            for i, (rank, t) in enumerate(found)]
 
 
 def _system_lines(series, metrics):
@@ -247,6 +250,21 @@ def has_system_series(run):
     return any(metadata.parse_system_tag(t) is not None for t in run.series)
 
 
+def has_timing_series(run):
+    """True if ``run`` holds per-worker compute and wait times (``WorkerTimingMonitor``).
+
+    Example:
+
+    >>> from keras_adapt.report import RunData, has_timing_series
+    >>> has_timing_series(RunData("a", {"adapt/wait_time/rank_0": [(0, 0.0, 0.01)]}, []))
+    True
+    >>> has_timing_series(RunData("a", {"adapt/step_time/rank_0": [(0, 0.0, 0.01)]}, []))
+    False
+    """
+    return any((metadata.parse_worker_time_tag(t) or (None,))[0] in ("compute_time", "wait_time")
+               for t in run.series)
+
+
 def has_sync_strategy_panel(run):
     """True if ``run`` gets the "sync strategy" panel (``reader.shows_sync_strategy``).
 
@@ -275,7 +293,8 @@ def _sync_panel(ax, points, events):
 
 
 def _run_height(run):
-    return RUN_HEIGHT_IN + (SYSTEM_ROW_IN if has_system_series(run) else 0.0)
+    return (RUN_HEIGHT_IN + (SYSTEM_ROW_IN if has_system_series(run) else 0.0)
+            + (TIMING_ROW_IN if has_timing_series(run) else 0.0))
 
 
 def build_figure(runs, dpi=DPI):
@@ -290,9 +309,12 @@ def build_figure(runs, dpi=DPI):
     strategies' names as y tick labels) in the sixth panel instead, and
     its events legend moves to the block's top right corner; the size does
     not change. A run with host metrics (``SystemMonitor``) gets a third row:
-    CPU and GPU use, memory, network traffic, one line per host. The figure
+    CPU and GPU use, memory, network traffic, one line per host; a run with
+    worker times (``WorkerTimingMonitor``) one more: compute time and wait
+    in collectives per worker, and the communication fraction. The figure
     is ``WIDTH_IN * dpi`` pixels wide and ``RUN_HEIGHT_IN * dpi`` high per
-    run, plus ``SYSTEM_ROW_IN * dpi`` per run with host metrics.
+    run, plus ``SYSTEM_ROW_IN * dpi`` per run with host metrics and
+    ``TIMING_ROW_IN * dpi`` per run with worker times.
 
     Example:
 
@@ -318,9 +340,10 @@ def build_figure(runs, dpi=DPI):
     for sub, run in zip(subfigs, runs):
         s, ev = run.series, run.events
         sub.suptitle(_mpl_text(f"run: {run.name}   ({len(ev)} events)"), fontsize=12)
-        system = has_system_series(run)
-        axes = sub.subplots(3 if system else 2, 3,
-                            height_ratios=[1, 1, SYSTEM_ROW_IN / (RUN_HEIGHT_IN / 2)] if system else None)
+        system, timing = has_system_series(run), has_timing_series(run)
+        ratios = ([1, 1] + [SYSTEM_ROW_IN / (RUN_HEIGHT_IN / 2)] * system
+                  + [TIMING_ROW_IN / (RUN_HEIGHT_IN / 2)] * timing)
+        axes = sub.subplots(len(ratios), 3, height_ratios=ratios)
         _panel(axes[0, 0], "noise scale and global batch size", [
             ("noise scale (B_simple)", s.get(tag["gns"], []), "#6a1b9a", False),
             ("global batch size", s.get(tag["batch_size"], []), "#00897b", True),
@@ -330,7 +353,7 @@ def build_figure(runs, dpi=DPI):
                integer=True)
         _panel(axes[1, 0], "throughput (samples/s)",
                [("samples/s", s.get(tag["throughput"], []), "#1565c0", False)], ev)
-        _panel(axes[1, 1], "step time per worker (s)", _step_time_lines(s), ev)
+        _panel(axes[1, 1], "step time per worker (s)", _worker_lines(s, "step_time"), ev)
         kinds = sorted({e["kind"] for e in ev})
         handles = [Line2D([0], [0], color=KIND_COLORS.get(k, UNKNOWN_COLOR), linestyle="--",
                           label=_mpl_text(f"{k} ({sum(e['kind'] == k for e in ev)})"))
@@ -358,6 +381,13 @@ def build_figure(runs, dpi=DPI):
                    _system_lines(s, {"memory_percent": "", "gpu_memory_percent": "GPU"}), ev)
             _panel(axes[2, 2], "system: network (MB/s)",
                    _system_lines(s, {"net_in_mb_s": "in", "net_out_mb_s": "out"}), ev)
+        if timing:
+            row = 3 if system else 2
+            _panel(axes[row, 0], "compute time per worker (s)", _worker_lines(s, "compute_time"), ev)
+            _panel(axes[row, 1], "wait in collectives per worker (s)",
+                   _worker_lines(s, "wait_time"), ev)
+            _panel(axes[row, 2], "communication fraction",
+                   [("comm_fraction", s.get(tag["comm_fraction"], []), "#5d4037", False)], ev)
         # The strategies' names need a wider gap left of the sixth panel.
         sub.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.09, hspace=0.45,
                             wspace=0.32 if sync else 0.25)

@@ -61,7 +61,8 @@ def _train(log_dir):
     import keras
     import keras_adapt
     from keras_adapt import events
-    from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor, SystemMonitor
+    from keras_adapt.callbacks import (AdaptTensorBoard, GradientStatsMonitor, SystemMonitor,
+                                       WorkerTimingMonitor)
 
     def emit(model, kind, epoch, before, after):
         events.emit(kind, step=int(model.optimizer.iterations.numpy()), epoch=epoch,
@@ -95,7 +96,7 @@ def _train(log_dir):
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
     model.fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, callbacks=[
         Decide(), GradientStatsMonitor(interval=3), SystemMonitor(interval=3),
-        AdaptTensorBoard(log_dir, update_freq=3),
+        WorkerTimingMonitor(interval=3), AdaptTensorBoard(log_dir, update_freq=3),
         Late()])
 
 
@@ -280,6 +281,16 @@ def test_events_route_equals_the_jsonl_with_both_loaders(run_logdir, tensorboard
         got = _get(tensorboard_url + f"/data/plugin/adapt/scalars?run=train&tag={tag}")["series"][tag]
         assert [(p[0], round(p[2], 4)) for p in got] == [(s, round(v, 4)) for s, v in written[tag]]
     assert not any("gpu" in t for t in written)  # no GPU here: no GPU series
+    # WorkerTimingMonitor's series (one worker: it waits for nobody).
+    written = _tfevents_scalars(run_logdir / "train", ("adapt/compute_time/", "adapt/wait_time/",
+                                                       "adapt/comm_fraction"))
+    for tag in ("adapt/compute_time/rank_0", "adapt/wait_time/rank_0", "adapt/comm_fraction"):
+        assert tag in tags and len(written[tag]) >= EPOCHS, (tag, written.get(tag))
+        got = _get(tensorboard_url + f"/data/plugin/adapt/scalars?run=train&tag={tag}")["series"][tag]
+        assert [p[0] for p in got] == [s for s, _ in written[tag]]
+        assert [p[2] for p in got] == pytest.approx([v for _, v in written[tag]], rel=1e-6)
+    assert all(v > 0 for _, v in written["adapt/compute_time/rank_0"])
+    assert all(v == 0.0 for _, v in written["adapt/wait_time/rank_0"])
     # The strategy-switching run: its events, and its series as written.
     sync_events = _jsonl(run_logdir, "sync")
     assert [(e["step"], e["kind"]) for e in sync_events] == [
@@ -398,6 +409,11 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
                 assert chart.locator("path.adapt-series").count() == 1, metric
                 assert chart.locator(".adapt-marker").count() == n, metric
             assert frame.locator('svg[data-chart^="system_gpu"]').count() == 0
+            # Worker timing: compute and wait time per worker, communication fraction.
+            for chart in ("compute_time", "wait_time", "comm_fraction"):
+                card = frame.locator(f'svg[data-chart="{chart}"]')
+                assert card.locator("path.adapt-series").count() == 1, chart
+                assert card.locator(".adapt-marker").count() == n, chart
             markers = frame.locator('svg[data-chart="noise"] .adapt-marker')
             assert [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute("data-kind"))
                     for i in range(n)] == [(e["step"], e["kind"]) for e in expected]

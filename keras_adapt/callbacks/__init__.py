@@ -11,6 +11,7 @@ from keras_adapt.callbacks.learning_rate_schedule import LearningRateScheduleCal
 from keras_adapt.callbacks.learning_rate_warmup import LearningRateWarmupCallback
 from keras_adapt.callbacks.metric_average import MetricAverageCallback
 from keras_adapt.callbacks.system_monitor import SystemMonitor
+from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 
 __all__ = [
     "AdaptTensorBoard",
@@ -22,5 +23,6 @@ __all__ = [
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "SystemMonitor",
+    "WorkerTimingMonitor",
     "broadcast_variables",
 ]

@@ -101,7 +101,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       the next, the first step of a ``fit`` excluded because it includes
       tracing); one allgather of one number per worker every
       ``update_freq`` steps, at the same step on every rank, brings them
-      to rank 0.
+      to rank 0. When a ``WorkerTimingMonitor`` times the workers, its
+      values are written instead (``step_time``, ``comm_fraction``,
+      ``throughput`` and the per-worker ``step_time``, ``compute_time`` and
+      ``wait_time`` in the logs) and this callback gathers nothing itself.
     - ``adapt/system/host_<h>/<metric>``: every ``system/...`` value in the
       logs (``SystemMonitor``'s host metrics; put that callback first).
     - every adaptation event (``keras_adapt.events.emit``) while training
@@ -152,6 +155,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         self.update_freq = update_freq
         self.batch_size = batch_size
         self.step_times = step_times
+        self._gather_step_times = step_times
         # The batch-end hook only keeps a reference to the logs: safe to run
         # off the training thread (Keras 3) and on tensor logs (tf.keras 2),
         # so this callback never forces a per-step host sync.
@@ -184,6 +188,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._reset()
         self._rank, self._size = _hvd.rank(), _hvd.size()
+        # A WorkerTimingMonitor in this fit (it says so in set_model, before
+        # any on_train_begin, on every rank alike) gathers the step times.
+        timing = getattr(getattr(self.model.optimizer, "adapt_state", None), "timing", None)
+        self._gather_step_times = self.step_times and not (timing is not None and timing.monitored)
         if self._rank == 0:
             os.makedirs(self.log_dir, exist_ok=True)
             self._writer = tf.summary.create_file_writer(self.log_dir)
@@ -248,7 +256,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         durations, self._durations = self._durations, []
         mean_step = float(np.mean(durations)) if durations else float("nan")
         gathered = None
-        if self.step_times:
+        if self._gather_step_times:
             local = tf.constant([mean_step], dtype=tf.float64)
             gathered = np.asarray(_hvd.allgather(local, name="keras_adapt_step_times"))
         if self._writer is None:
@@ -304,7 +312,8 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             if v is not None:
                 values[key] = v
         for key, value in (logs or {}).items():
-            if metadata.parse_system_tag(key) is not None:  # SystemMonitor's host metrics
+            if (metadata.parse_system_tag(key) is not None  # SystemMonitor's host metrics
+                    or metadata.parse_worker_time_tag(key) is not None):  # WorkerTimingMonitor's
                 v = _to_float(value)
                 if v is not None:
                     values[metadata.TAG_PREFIX + key] = v

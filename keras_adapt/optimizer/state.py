@@ -7,6 +7,7 @@ never reach into the optimizer itself.
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt.monitors.worker_timing import CollectiveTiming
 
 
 class AdaptState:
@@ -38,6 +39,9 @@ class AdaptState:
             next measured update is paired with (made on first use), else None.
         sync: the :class:`~keras_adapt.sync.SyncState`: the synchronisation
             strategy in use and its parameters (``sync.set(...)`` switches).
+        timing: the :class:`~keras_adapt.monitors.worker_timing.CollectiveTiming`
+            that times the update's collectives once ``WorkerTimingMonitor``
+            enabled it (the same object as ``reduction.timing``).
 
     Example:
 
@@ -64,6 +68,8 @@ class AdaptState:
 
             sync = SyncState(None)
         self.sync = sync
+        self.timing = CollectiveTiming()
+        self.reduction.timing = self.timing
 
 
 def variable_key(variable):

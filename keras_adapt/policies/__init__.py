@@ -16,6 +16,7 @@ from keras_adapt.policies.scaling_rules import (
     SqrtScaling,
 )
 from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
+from keras_adapt.policies.straggler import StragglerPolicy
 from keras_adapt.policies.sync_strategy import SyncStrategyPolicy
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ScalingRule",
     "ScheduledBatchSizePolicy",
     "SqrtScaling",
+    "StragglerPolicy",
     "SyncStrategyPolicy",
     "statistical_efficiency",
 ]

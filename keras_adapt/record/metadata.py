@@ -48,8 +48,8 @@ import time
 
 __all__ = [
     "content_version", "create_summary_metadata", "event_to_json", "latest_datums",
-    "make_event", "parse_event_line", "parse_system_tag", "step_time_tag", "system_key",
-    "system_tag",
+    "make_event", "parse_event_line", "parse_system_tag", "parse_worker_time_tag",
+    "step_time_tag", "system_key", "system_tag", "worker_time_key", "worker_time_tag",
 ]
 
 PLUGIN_NAME = "adapt"
@@ -65,9 +65,16 @@ TAG_PREFIX = "adapt/"
 SCALAR_TAGS = {
     key: TAG_PREFIX + key
     for key in ("gns", "batch_size", "lr", "workers", "throughput",
-                "grad_sqr", "grad_var", "grad_snr", "sync_strategy")
+                "grad_sqr", "grad_var", "grad_snr", "sync_strategy",
+                "step_time", "comm_fraction")
 }
-STEP_TIME_TAG_PREFIX = TAG_PREFIX + "step_time/rank_"
+#: Per-worker times of a step, in seconds (``WorkerTimingMonitor``): the
+#: logs key of worker r's time t is ``<t>/rank_<r>`` (:func:`worker_time_key`)
+#: and its tag ``adapt/<t>/rank_<r>`` (:func:`worker_time_tag`). compute_time
+#: + wait_time = step_time; wait_time is the time in the collectives.
+WORKER_TIMES = ("step_time", "compute_time", "wait_time")
+WORKER_TIME_RANK = "/rank_"
+STEP_TIME_TAG_PREFIX = TAG_PREFIX + "step_time" + WORKER_TIME_RANK
 #: Host metrics of ``SystemMonitor``, each with its unit: the logs key of
 #: host h's metric m is ``system/host_<h>/<m>`` (:func:`system_key`) and its
 #: tag ``adapt/system/host_<h>/<m>`` (:func:`system_tag`).
@@ -88,7 +95,7 @@ EVENTS_FILENAME = "adapt_events.jsonl"
 
 #: The kinds that keras-adapt emits today. A kind is declared here when
 #: code starts emitting it; readers show any other kind as "unknown".
-EVENT_KINDS = ("batch_size", "lr", "resume", "sync_strategy")
+EVENT_KINDS = ("batch_size", "lr", "resume", "sync_strategy", "straggler")
 #: The synchronisation strategies by the value of the strategy variable
 #: (``keras_adapt.sync``): the ``adapt/sync_strategy`` series holds the index
 #: of the strategy in use, and readers label it with these names.
@@ -113,7 +120,50 @@ def step_time_tag(rank):
     >>> metadata.step_time_tag(3)
     'adapt/step_time/rank_3'
     """
-    return f"{STEP_TIME_TAG_PREFIX}{int(rank)}"
+    return worker_time_tag("step_time", rank)
+
+
+def worker_time_key(which, rank):
+    """The logs key of worker ``rank``'s ``which`` (one of :data:`WORKER_TIMES`).
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.worker_time_key("wait_time", 1), metadata.worker_time_tag("compute_time", 0)
+    ('wait_time/rank_1', 'adapt/compute_time/rank_0')
+    """
+    if which not in WORKER_TIMES:
+        raise ValueError(f"which={which!r} is not a worker time; use one of "
+                         f"{', '.join(WORKER_TIMES)}")
+    return f"{which}{WORKER_TIME_RANK}{int(rank)}"
+
+
+def worker_time_tag(which, rank):
+    """The TensorBoard tag of worker ``rank``'s ``which``.
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.worker_time_tag("wait_time", 3)
+    'adapt/wait_time/rank_3'
+    """
+    return TAG_PREFIX + worker_time_key(which, rank)
+
+
+def parse_worker_time_tag(tag):
+    """``(which, rank)`` of a worker-time tag or logs key, or None for anything else.
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.parse_worker_time_tag("adapt/wait_time/rank_2"), metadata.parse_worker_time_tag("adapt/step_time")
+    (('wait_time', 2), None)
+    """
+    rest = tag[len(TAG_PREFIX):] if tag.startswith(TAG_PREFIX) else tag
+    which, sep, rank = rest.partition(WORKER_TIME_RANK)
+    if not sep or which not in WORKER_TIMES or not rank.isdigit():
+        return None
+    return which, int(rank)
 
 
 def system_key(host, metric):

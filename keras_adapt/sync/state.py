@@ -267,7 +267,8 @@ def _run(op):
 
 def _mean_reduction(reduction):
     """The reduction of the models' mean: an uncompressed average over the
-    gradients' process set, whatever ``op`` and compression the gradients use."""
+    gradients' process set, whatever ``op`` and compression the gradients use,
+    timed alike (``adapt_state.timing``)."""
     from keras_adapt import _hvd
 
-    return _hvd.Reduction(process_set=reduction.process_set)
+    return _hvd.Reduction(process_set=reduction.process_set, timing=reduction.timing)

@@ -17,11 +17,19 @@ const KIND_COLORS = {
   lr: '#ff7f0e',
   resume: '#bcbd22',
   sync_strategy: '#17becf',
+  straggler: '#d62728',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 
 const TAG = (key) => 'adapt/' + key;
-const STEP_TIME_PREFIX = 'adapt/step_time/rank_';
+// Per-worker times, adapt/<time>/rank_<r> (metadata.WORKER_TIMES): step time
+// (AdaptTensorBoard or WorkerTimingMonitor), compute time and wait in the
+// collectives (WorkerTimingMonitor), one chart each, one line per worker.
+const WORKER_TIME_CHARTS = [
+  ['step_time', 'Step time per worker (s)'],
+  ['compute_time', 'Worker timing: compute time per worker (s)'],
+  ['wait_time', 'Worker timing: wait in collectives per worker (s)'],
+];
 // SystemMonitor's host metrics: adapt/system/host_<h>/<metric>
 // (keras_adapt.record.metadata.SYSTEM_METRICS), one chart per metric.
 const SYSTEM_PREFIX = 'adapt/system/host_';
@@ -358,8 +366,6 @@ async function showRun(run, ui) {
   if (!Number.isFinite(x0)) { x0 = 0; x1 = 1; }
   const common = {events, xDomain: [x0, x1]};
 
-  const stepTimeTags = Object.keys(data.series).filter((t) => t.startsWith(STEP_TIME_PREFIX)).sort(
-    (a, b) => Number(a.slice(STEP_TIME_PREFIX.length)) - Number(b.slice(STEP_TIME_PREFIX.length)));
   const palette = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
   const charts = [
     {id: 'noise', title: 'Noise scale (B_simple) and global batch size (log scale)', logY: true,
@@ -370,10 +376,20 @@ async function showRun(run, ui) {
      series: [seriesOf(data, 'workers', 'workers', '#2e7d32', true)]},
     {id: 'throughput', title: 'Throughput (samples/s)',
      series: [seriesOf(data, 'throughput', 'samples/s', '#1565c0')]},
-    {id: 'step_time', title: 'Step time per worker (s)',
-     series: stepTimeTags.map((t, i) => ({name: 'rank ' + t.slice(STEP_TIME_PREFIX.length),
-                                          color: palette[i % palette.length], points: data.series[t]}))},
   ];
+  for (const [time, title] of WORKER_TIME_CHARTS) {
+    const prefix = TAG(time) + '/rank_';
+    const tags = Object.keys(data.series).filter((t) => t.startsWith(prefix)).sort(
+      (a, b) => Number(a.slice(prefix.length)) - Number(b.slice(prefix.length)));
+    if (!tags.length && time !== 'step_time') continue;  // no WorkerTimingMonitor in this run
+    charts.push({id: time, title,
+                 series: tags.map((t, i) => ({name: 'rank ' + t.slice(prefix.length),
+                                              color: palette[i % palette.length], points: data.series[t]}))});
+  }
+  if (data.series[TAG('comm_fraction')]) {
+    charts.push({id: 'comm_fraction', title: 'Worker timing: communication fraction',
+                 series: [seriesOf(data, 'comm_fraction', 'comm_fraction', '#5d4037')]});
+  }
   const sync = syncStrategyChart(data, events, ui.syncStrategies);
   if (sync) charts.push(sync);
   for (const [metric, title] of SYSTEM_CHARTS) {
