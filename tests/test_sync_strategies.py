@@ -189,13 +189,30 @@ def test_statistics_under_local_sgd_equal_allreduce_sgd_and_truth(results):
     for r in results:
         measured, truth = r["stats"]["measured"], r["stats"]["truth"]
         local, allreduce = measured["local_sgd"], measured["allreduce_sgd"]
-        assert local["updates"] == 300 // 2  # stats_interval=2: updates 0, 2, 4, ...
+        # stats_interval=4 and LocalSGD(period=4): the due updates 0, 4, 8, ...
+        # are the first after each averaging, so nothing waits
+        assert local["updates"] == allreduce["updates"] == 600 // 4
         assert local["batch_size"] == 64.0  # 2 workers x 32
         for key in ("grad_sqr", "grad_var", "gns"):
             # lr=0: same models, same data -> the same numbers as under AllReduceSGD
             assert local[key] == pytest.approx(allreduce[key], rel=1e-9), key
             assert local[key] == pytest.approx(truth[key], rel=0.10), key
     assert results[0]["stats"] == results[1]["stats"]
+
+
+def test_local_statistics_are_measured_where_the_models_agree(results):
+    for r in results:
+        m = r["measured_updates"]
+        # LocalSGD(4): averagings after updates 3, 7, 11; the measurements due
+        # at 2, 6, 10 and 14 wait for the next update after one (4, 8, 12);
+        # update 0 starts from the averaged model.
+        assert m["local_sgd"] == [0, 4, 8, 12]
+        # start_after=3: AllReduceSGD updates 0-2 (0 and 2 measured), local
+        # from 3, averagings after 6, 10, 14: the due 4, 8, 12 wait.
+        assert m["post_local_sgd"] == [0, 2, 7, 11, 15]
+        # SMA never makes the models agree: due updates measure (approximate).
+        assert m["model_averaging"] == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert results[0]["measured_updates"] == results[1]["measured_updates"]
 
 
 def test_collective_delay_hook_delays_every_collective(results):

@@ -390,9 +390,12 @@ class DistributedCore:
         (skipped on this worker alone if it is not finite). On measured
         updates (one in ``stats_interval``, all ranks alike) the gradients and
         the measurement also go through the allreduce, for the statistics
-        only (computed as under AllReduceSGD: exact where the workers' models
-        agree, see docs/sync_strategies.md), for one gradient allreduce per
-        ``stats_interval`` updates. Arguments as :meth:`_ka_reduce_and_apply`."""
+        only (computed as under AllReduceSGD), for one gradient allreduce per
+        ``stats_interval`` updates. Under LocalSGD and BMUF a due measurement
+        waits for the first update after a model averaging, where the
+        workers' models agree and the statistics are exact
+        (:meth:`SyncState.measure_now`, docs/sync_strategies.md).
+        Arguments as :meth:`_ka_reduce_and_apply`."""
         state = self._adapt_state
         stats = state.statistics
         if worker_local is None:
@@ -429,16 +432,23 @@ class DistributedCore:
                     return statistics.measure(state, mean, tuple(tf.unstack(reduced[-1])),
                                               own[:2], m, num_workers, update_index)
 
-                done = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
-                if num_workers == 1:
+                if num_workers >= 2:  # measure_now() said so
+                    done = [measure()]
+                else:
+                    done = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
                     with tf.control_dependencies(done):  # the pair reads before this overwrites
                         done.append(statistics.remember_if_next_measured(
                             state, mean, own[0], own[1], update_index))
                 with tf.control_dependencies(done):
                     return tf.constant(True)
 
-            deps.append(tf.cond(statistics.needs_measurement(stats, update_index, num_workers),
-                                measure_only, lambda: tf.constant(False)))
+            if num_workers >= 2:
+                # Measured where the workers' models agree (the update after
+                # a LocalSGD or BMUF averaging): a due measurement waits for it.
+                now = state.sync.measure_now(stats.due(update_index))
+            else:
+                now = statistics.needs_measurement(stats, update_index, num_workers)
+            deps.append(tf.cond(now, measure_only, lambda: tf.constant(False)))
 
         def apply_branch():
             apply_fn(out)

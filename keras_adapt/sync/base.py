@@ -53,6 +53,9 @@ class SyncStrategy:
     index = None
     #: Whether this strategy applies each worker's own gradient.
     local = True
+    #: Whether its synchronisation leaves every worker with the same model
+    #: (LocalSGD, BMUF; not SMA or EASGD, which only pull the models together).
+    agrees = True
 
     def params(self):
         """The parameters, by name (the names of :class:`SyncState` variables)."""

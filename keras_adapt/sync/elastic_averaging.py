@@ -34,6 +34,7 @@ class ElasticAveraging(SyncStrategy):
 
     name = "elastic_averaging"
     index = metadata.SYNC_STRATEGIES.index(name)
+    agrees = False
 
     def __init__(self, period=4, rho=1.0):
         self.period = _check_int("ElasticAveraging", "period", period, 1)

@@ -28,6 +28,7 @@ class ModelAveraging(SyncStrategy):
 
     name = "model_averaging"
     index = metadata.SYNC_STRATEGIES.index(name)
+    agrees = False
 
     def __init__(self, alpha=0.1):
         self.alpha = _check_float("ModelAveraging", "alpha", alpha, 0.0, 1.0, low_open=True)

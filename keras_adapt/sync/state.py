@@ -108,6 +108,13 @@ class SyncState:
             # False until the first update under a newly selected strategy
             # has averaged the weights and slots.
             self.entered = tf.Variable(True, trainable=False, name="sync_entered")
+            # Whether the next update's gradients may be measured: the
+            # workers' models agree (after an averaging), or the strategy
+            # never makes them agree (SMA, EASGD); and whether a due
+            # measurement waits for that (measure_now).
+            self.measure_ready = tf.Variable(True, trainable=False, name="sync_measure_ready")
+            self.measure_waiting = tf.Variable(False, trainable=False,
+                                               name="sync_measure_waiting")
             self.variables = {name: tf.Variable(value, dtype=dtype, trainable=False,
                                                 name=f"sync_{name}")
                               for name, (dtype, value) in _PARAMETERS.items()}
@@ -171,6 +178,7 @@ class SyncState:
             else:
                 weights, slots, reduction = self._synced
                 self._enter(weights, slots, reduction)
+                self.measure_ready.assign(True)  # the models agree now
         self._strategy = strategy
 
     def _enter(self, weights, slots, reduction):
@@ -195,6 +203,22 @@ class SyncState:
         return list(self._synced[0]), list(self._synced[1])
 
     # -- in-graph -------------------------------------------------------------
+    def measure_now(self, due):
+        """In-graph, a local update with two or more workers: whether it
+        measures the gradient statistics. ``due``: the statistics' own rule
+        (one update in ``stats_interval``). Under LocalSGD and BMUF a due
+        measurement waits for the first update after a model averaging,
+        where every worker's gradient is taken at the same model, so the
+        statistics are those of AllReduceSGD (exact); between averagings the
+        workers' gradients also differ by their models' drift, which would
+        inflate the variance. Under SMA and EASGD the models never agree,
+        and a due update measures (approximate statistics).
+        """
+        ready = self.measure_ready.read_value()
+        want = due | self.measure_waiting.read_value()
+        with tf.control_dependencies([self.measure_waiting.assign(want & tf.logical_not(ready))]):
+            return tf.identity(want & ready)
+
     def _make_extra(self, weights):
         if self.extra:
             return
@@ -241,22 +265,30 @@ class SyncState:
                 else:
                     branches.append(_sync_branch(strategy, context, variables, count))
             with tf.control_dependencies([applied]):
-                synced = tf.switch_case(index, branches)
-            with tf.control_dependencies([synced]):
+                ready = tf.switch_case(index, branches)
+            with tf.control_dependencies([self.measure_ready.assign(ready)]):
                 return tf.identity(applied)
 
+        def allreduce_then_ready():
+            applied = allreduce_update()
+            with tf.control_dependencies([applied]):  # averaged gradients: models agree
+                with tf.control_dependencies([self.measure_ready.assign(True)]):
+                    return tf.identity(applied)
+
         with tf.control_dependencies([entered]):
-            done = tf.cond(allreduce_phase, allreduce_update, local_then_sync)
+            done = tf.cond(allreduce_phase, allreduce_then_ready, local_then_sync)
         with tf.control_dependencies([done]):
             self.count.assign_add(1)
             return tf.identity(done)
 
 
 def _sync_branch(strategy, context, variables, count):
+    """The strategy's synchronisation when due; returns whether the next
+    update may be measured (``SyncState.measure_now``)."""
     def branch():
         return tf.cond(strategy.sync_due(variables, count),
                        lambda: _run(strategy.synchronize(context)),
-                       lambda: tf.constant(False))
+                       lambda: tf.constant(not strategy.agrees))
     return branch
 
 

@@ -12,6 +12,8 @@ Phases (all in one launch, to keep the suite fast):
               how many times the train function was traced
   stats       lr=0 on linear regression: the statistics under LocalSGD and
               under AllReduceSGD (same data), and the analytic truth
+  measured    lr>0: the updates that measured the statistics under LocalSGD,
+              post-local SGD and SMA (stats_interval=2)
   delay       KERAS_ADAPT_COLLECTIVE_DELAY_MS=40: collectives delayed under
               AllReduceSGD and LocalSGD, and the wall time of each fit
 """
@@ -214,7 +216,7 @@ for kind, lr in (("sgd", 0.05), ("adam", 0.02)):
         "traces": n_traces, "final_strategy": opt.adapt_state.sync.strategy.name}
 
 # -- statistics under LocalSGD vs AllReduceSGD -----------------------------------
-dim, noise, batch, steps = 16, 1.0, 32, 300
+dim, noise, batch, steps = 16, 1.0, 32, 600
 rng = np.random.default_rng(7)
 w_true = rng.standard_normal(dim)
 w0 = w_true + rng.standard_normal(dim) / np.sqrt(dim)
@@ -224,7 +226,7 @@ for strategy in (AllReduceSGD(), LocalSGD(period=4)):
     m = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(1, use_bias=False)])
     m.set_weights([w0.astype(np.float32).reshape(dim, 1)])
     o = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.0), ema_decay=0.99,
-                                         batch_size=batch, stats_interval=2,
+                                         batch_size=batch, stats_interval=4,
                                          sync_strategy=[strategy, AllReduceSGD()]
                                          if strategy.local else None)
     m.compile(o, "mse")
@@ -232,6 +234,35 @@ for strategy in (AllReduceSGD(), LocalSGD(period=4)):
     stats[strategy.name] = o.gradient_statistics.result()
 results["stats"] = {"measured": stats,
                     "truth": linear_regression_gradient_stats(w0, w_true, noise)}
+
+# -- which updates measure under the local strategies (lr > 0: the models drift) --
+class Measured(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.updates, self.seen = [], 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        n = self.model.optimizer.gradient_statistics.result()["updates"]
+        if n > self.seen:
+            self.updates.append(batch)
+            self.seen = n
+
+
+measured = {}
+for name, strategy in (("local_sgd", LocalSGD(period=4)),
+                       ("post_local_sgd", LocalSGD(period=4, start_after=3)),
+                       ("model_averaging", ModelAveraging(alpha=0.5))):
+    m = keras.Sequential([keras.Input((DIN,)), keras.layers.Dense(DOUT)])
+    m.set_weights([W0, B0])
+    o = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.05), batch_size=BATCH,
+                                         stats_interval=2,
+                                         sync_strategy=[strategy, AllReduceSGD()])
+    m.compile(o, "mse")
+    record = Measured()
+    x, y = data(rank, 16)
+    m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record])
+    measured[name] = record.updates
+results["measured_updates"] = measured
 
 # -- delay hook -------------------------------------------------------------------
 os.environ[_hvd.DELAY_ENV] = "40"
