@@ -25,7 +25,9 @@ budget (``passes`` over the training set):
 * ``block_momentum`` ``BlockMomentum(period=8)`` (BMUF, block momentum
   0.5 = 1 - 1/N, Nesterov), 2 x 16;
 * ``adaptive``    ``SyncStrategyPolicy`` choosing between ``AllReduceSGD``
-  and ``LocalSGD(period=8)`` from its measurements, 2 x 16.
+  and ``LocalSGD(period=8)`` from its measurements (the noise scale, the
+  schedule, and the communication fraction of a ``WorkerTimingMonitor``),
+  2 x 16.
 
 The per-worker batch is 16 everywhere but in ``ssgd_large``; every
 configuration but ``ssgd_large`` uses the small batch's LR. The LR drops
@@ -60,8 +62,8 @@ What it measures
   allreduces, the averaging of a strategy switch), divided by the global
   samples trained. The initial broadcast of the weights
   (``BroadcastGlobalVariablesCallback``) is counted apart (``broadcasts``),
-  and so are allgathers (``gathers``: a monitoring callback's, none in the
-  configurations here).
+  and so are allgathers (``gathers``: the adaptive configuration's
+  ``WorkerTimingMonitor``, one per 10 steps; none elsewhere).
   Under the delay the slow-network hook counts the collectives it delayed
   (``delayed``); it must equal allreduces + broadcasts + gathers.
 * ``adaptive_acc_gap_vs_best``: best final accuracy (over every
@@ -71,7 +73,7 @@ What it measures
   target >= 1.5); ``met`` for each and both.
 
 Baselines run ``gradient_stats=False`` (no monitoring cost); the adaptive
-configuration pays for the statistics its policy reads.
+configuration pays for the statistics and timings its policy reads.
 
 Task choice: digits under a fixed sample budget is a task where a large
 global batch clearly hurts: 30 passes are ~1200 updates at batch 32 but
@@ -386,10 +388,11 @@ def worker(args):
 
     def adaptive_setup():
         """The adaptive configuration: both strategies declared, statistics on,
-        the policy at its defaults (no timing source: its communication rule
-        is off)."""
+        the policy at its defaults, reading the communication fraction from a
+        WorkerTimingMonitor (one small allgather per 10 steps)."""
         local = LocalSGD(period=PERIOD)
-        policy = SyncStrategyPolicy(local=local, interval=10, **s["policy"])
+        timing = keras_adapt.callbacks.WorkerTimingMonitor(interval=10)
+        policy = SyncStrategyPolicy(local=local, interval=10, timing=timing, **s["policy"])
         return [AllReduceSGD(), local], {"gradient_stats": True}, policy
 
     def run(config, delay_ms, lr):
@@ -407,6 +410,8 @@ def worker(args):
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=micro, seed=0)
         callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
         if policy is not None:
+            if policy.timing is not None:
+                callbacks.append(policy.timing)  # measures before the policy reads it
             callbacks.append(policy)
         tracker = Tracker(ds, budget, policy)
         callbacks.append(tracker)
