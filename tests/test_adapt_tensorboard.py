@@ -356,3 +356,24 @@ def test_sync_strategy_series_dates_switches_by_step_with_several_steps_per_call
     points = dict((s, v) for s, _, v in series[T["sync_strategy"]])
     assert {9, 18} <= set(points)
     assert points == {s: truth(s) for s in points}
+
+
+@pytest.mark.filterwarnings("ignore:keras-adapt. one worker")
+def test_batch_size_and_throughput_count_samples_per_update_under_accumulation(tmp_path):
+    """Two micro-steps of 16 per update: the global batch is 32 per update,
+    and a timed step (a micro-step) processes 16 samples, so throughput x
+    the mean step time is 16."""
+    log_dir = str(tmp_path / "run")
+    x, y = small_data(n=640)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(
+        keras.optimizers.SGD(0.01), gradient_stats=False, backward_passes_per_step=2), "mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False,
+              callbacks=[AdaptTensorBoard(log_dir, update_freq=8, batch_size=16)])
+    series, _ = read_run(log_dir)
+    assert set(values(series, T["batch_size"]).values()) == {32.0}
+    throughput = values(series, T["throughput"])
+    step = values(series, metadata.step_time_tag(0))
+    assert sorted(throughput) == sorted(step) and len(step) >= 4
+    for s in step:
+        assert throughput[s] * step[s] == pytest.approx(16.0, rel=1e-5)

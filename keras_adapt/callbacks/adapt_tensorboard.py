@@ -84,8 +84,9 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       derived: ``lr`` from the optimizer (a schedule is evaluated at the
       current step),
       ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
-      from the statistics or ``batch_size`` x workers, and ``throughput``
-      (samples/s) from its own timing of the steps.
+      (samples per update) from the statistics or ``batch_size`` x workers
+      x accumulation steps, and ``throughput`` (samples/s) from its own
+      timing of the steps (a step is a micro-step under accumulation).
     - ``sync_strategy``: with a keras-adapt optimizer, the index in
       ``keras_adapt.record.metadata.SYNC_STRATEGIES`` of the synchronisation
       strategy in use (``optimizer.adapt_state.sync.strategy``, a host
@@ -326,11 +327,14 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             if lr is not None:
                 values["lr"] = lr
         values.setdefault("workers", float(self._size))
+        # Micro-steps per update: the steps timed here are micro-steps.
+        acc = optimizer.adapt_state.accumulation if is_distributed(optimizer) else None
+        k = 1 if acc is None else acc.steps_value
         if "batch_size" not in values:
             if result is not None and result["batch_size"] > 0:
                 values["batch_size"] = float(result["batch_size"])
             elif self.batch_size is not None:
-                values["batch_size"] = float(self.batch_size * self._size)
+                values["batch_size"] = float(self.batch_size * self._size * k)
             elif not self._warned_batch:
                 self._warned_batch = True
                 warnings.warn(
@@ -343,5 +347,6 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         if "throughput" not in values and "batch_size" in values and durations:
             elapsed = float(np.sum(durations))
             if elapsed > 0:
-                values["throughput"] = values["batch_size"] * len(durations) / elapsed
+                # batch_size is per update, a duration per micro-step
+                values["throughput"] = values["batch_size"] / k * len(durations) / elapsed
         return values
