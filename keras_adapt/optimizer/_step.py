@@ -283,38 +283,6 @@ class DistributedCore:
         if micro_steps is not None:
             m = m * micro_steps
 
-        def reduce_with_measurement():
-            # This worker's measurement (|g_i|^2, 1/b, b) rides in the
-            # gradients' grouped allreduce: no extra collective.
-            if local_sqr is None:
-                own = (ops.squared_norms([_dense(g) for g in local])[1],
-                       stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
-            else:
-                own = (local_sqr, inv_batch, samples)
-            reduced = state.reduction.allreduce(local, [tf.stack(own)])
-            return reduced[:-1], tuple(tf.unstack(reduced[-1])), own
-
-        def fold_in(reduced, averaged, own, when):
-            """The statistics of this update when ``when`` (True, or a bool
-            tensor every rank computes alike; the branch holds no collective);
-            one worker also keeps the gradient for the next update's pair.
-            Returns the ops to wait for."""
-            def mean():
-                # Made inside each branch that reads it: under op=Sum it costs a division.
-                return _mean_view(reduced, state.reduction, num_workers)
-
-            def measure():
-                return statistics.measure(state, mean(), averaged, own[:2], m, num_workers,
-                                          update_index)
-
-            deps = [measure() if when is True else
-                    tf.cond(when, measure, lambda: tf.constant(False))]
-            if num_workers == 1:
-                with tf.control_dependencies(deps):  # the pair reads before this overwrites
-                    deps.append(statistics.remember_if_next_measured(
-                        state, mean(), own[0], own[1], update_index))
-            return deps
-
         if not state.skip_nonfinite:
             # Only the updates that are measured (and, for one worker, the
             # updates before them) carry the measurement; the others reduce
@@ -324,8 +292,10 @@ class DistributedCore:
             carry = statistics.needs_measurement(stats, update_index, num_workers)
 
             def carrying():
-                reduced, averaged, own = reduce_with_measurement()
-                deps = fold_in(reduced, averaged, own, True if num_workers >= 2 else measured)
+                reduced, averaged, own = self._ka_reduce_with_measurement(
+                    local, local_sqr, inv_batch, samples)
+                deps = self._ka_fold_in(reduced, averaged, own,
+                                        True if num_workers >= 2 else measured, m, update_index)
                 with tf.control_dependencies(deps):
                     return [tf.identity(r) for r in reduced]
 
@@ -335,8 +305,9 @@ class DistributedCore:
 
         # skip_nonfinite: the local squared norm is also the non-finite check,
         # so it is taken, and carried, on every update.
-        reduced, averaged, own = reduce_with_measurement()
-        deps = fold_in(reduced, averaged, own, measured)
+        reduced, averaged, own = self._ka_reduce_with_measurement(
+            local, local_sqr, inv_batch, samples)
+        deps = self._ka_fold_in(reduced, averaged, own, measured, m, update_index)
         averaged_grads = with_averaged(reduced)
 
         def apply_branch():
@@ -353,6 +324,45 @@ class DistributedCore:
             return tf.cond(tf.math.is_finite(averaged[0]), apply_branch, skip_branch)
 
     # -- synchronisation strategies (keras_adapt.sync) ----------------------
+    def _ka_reduce_with_measurement(self, local, local_sqr, inv_batch, samples):
+        """The grouped allreduce of the gradients ``local`` with this
+        worker's measurement (|g_i|^2, 1/b, b) riding in it: no extra
+        collective. Returns the reduced gradients, the averaged measurement
+        and this worker's own."""
+        state = self._adapt_state
+        stats = state.statistics
+        if local_sqr is None:
+            own = (ops.squared_norms([_dense(g) for g in local])[1],
+                   stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
+        else:
+            own = (local_sqr, inv_batch, samples)
+        reduced = state.reduction.allreduce(local, [tf.stack(own)])
+        return reduced[:-1], tuple(tf.unstack(reduced[-1])), own
+
+    def _ka_fold_in(self, reduced, averaged, own, when, num_gradients, update_index):
+        """The statistics of this update when ``when`` (True, or a bool
+        tensor every rank computes alike; the branch holds no collective);
+        one worker also keeps the gradient for the next update's pair.
+        Returns the ops to wait for."""
+        state = self._adapt_state
+        num_workers = state.reduction.size()
+
+        def mean():
+            # Made inside each branch that reads it: under op=Sum it costs a division.
+            return _mean_view(reduced, state.reduction, num_workers)
+
+        def measure():
+            return statistics.measure(state, mean(), averaged, own[:2], num_gradients,
+                                      num_workers, update_index)
+
+        deps = [measure() if when is True else
+                tf.cond(when, measure, lambda: tf.constant(False))]
+        if num_workers == 1:
+            with tf.control_dependencies(deps):  # the pair reads before this overwrites
+                deps.append(statistics.remember_if_next_measured(
+                    state, mean(), own[0], own[1], update_index))
+        return deps
+
     def _ka_synchronized_update(self, variables, grads, apply_fn, **kwargs):
         """One update under the synchronisation strategy in use: the plain
         :meth:`_ka_reduce_and_apply` when no local strategy was declared
@@ -420,25 +430,11 @@ class DistributedCore:
 
             def measure_only():
                 # The one collective of this branch; every rank takes it alike.
-                if local_sqr is None:
-                    own = (ops.squared_norms([_dense(g) for g in local])[1],
-                           stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
-                else:
-                    own = (local_sqr, inv_batch, samples)
-                reduced = state.reduction.allreduce(local, [tf.stack(own)])
-                mean = _mean_view(reduced[:-1], state.reduction, num_workers)
-
-                def measure():
-                    return statistics.measure(state, mean, tuple(tf.unstack(reduced[-1])),
-                                              own[:2], m, num_workers, update_index)
-
-                if num_workers >= 2:  # measure_now() said so
-                    done = [measure()]
-                else:
-                    done = [tf.cond(stats.due(update_index), measure, lambda: tf.constant(False))]
-                    with tf.control_dependencies(done):  # the pair reads before this overwrites
-                        done.append(statistics.remember_if_next_measured(
-                            state, mean, own[0], own[1], update_index))
+                reduced, averaged, own = self._ka_reduce_with_measurement(
+                    local, local_sqr, inv_batch, samples)
+                # With two or more workers measure_now() said so.
+                when = True if num_workers >= 2 else stats.due(update_index)
+                done = self._ka_fold_in(reduced, averaged, own, when, m, update_index)
                 with tf.control_dependencies(done):
                     return tf.constant(True)
 
