@@ -2,17 +2,16 @@
 
 import math
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
-from keras_adapt.callbacks._common import check_interval
+from keras_adapt.callbacks._common import CachedLogs, check_interval
 from keras_adapt.monitors.system import SystemSampler
 from keras_adapt.record import metadata
 
 
-class SystemMonitor(keras.callbacks.Callback):
+class SystemMonitor(CachedLogs):
     """Samples every host's CPU, memory, network and GPU use while ``fit`` runs.
 
     One worker per host (``local_rank() == 0``) samples its host with
@@ -91,14 +90,6 @@ class SystemMonitor(keras.callbacks.Callback):
                 if math.isfinite(value):
                     values[metadata.system_key(int(host), name)] = value
         self._values = values
-
-    def on_train_batch_end(self, batch, logs=None):
-        if logs is not None:
-            logs.update(self._values)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is not None:
-            logs.update(self._values)
 
     @property
     def hosts(self):

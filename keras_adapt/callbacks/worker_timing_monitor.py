@@ -3,12 +3,11 @@
 import math
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
-from keras_adapt.callbacks._common import check_interval
+from keras_adapt.callbacks._common import CachedLogs, check_interval
 from keras_adapt.record import metadata
 
 _COLUMNS = 5  # rank, steps, step time, wait time, samples per step
@@ -49,7 +48,7 @@ def timing_of(model):
     return timing
 
 
-class WorkerTimingMonitor(keras.callbacks.Callback):
+class WorkerTimingMonitor(CachedLogs):
     """Measures every worker's compute time and its wait in the collectives.
 
     Each worker times its steps on the host (from one batch start to the
@@ -214,14 +213,6 @@ class WorkerTimingMonitor(keras.callbacks.Callback):
             values[metadata.worker_time_key("compute_time", r)] = c
             values[metadata.worker_time_key("wait_time", r)] = w
         self._values = values
-
-    def on_train_batch_end(self, batch, logs=None):
-        if logs is not None:
-            logs.update(self._values)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is not None:
-            logs.update(self._values)
 
     def result(self):
         """The last measurement, the same on every worker.
