@@ -198,11 +198,18 @@ def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path):
     plain, plain_dir = _launch(tmp_path, "plain", extra=extra)
     slow, slow_dir = _launch(tmp_path, "slow", [(SLOW_RANK_ENV, "1:3")], extra=extra)
     plain_measured, slow_measured = _check_run(plain), _check_run(slow, slow_hook=True)
-    ratio = statistics.median(x["result"]["compute_time"][1] / x["result"]["compute_time"][0]
-                              for x in slow_measured)
-    print(f"slow rank 1:3: median compute ratio {ratio:.2f}; rank 0 wait "
+    def compute_ratio(measured):
+        return statistics.median(x["result"]["compute_time"][1] / x["result"]["compute_time"][0]
+                                 for x in measured)
+    plain_ratio, ratio = compute_ratio(plain_measured), compute_ratio(slow_measured)
+    print(f"slow rank 1:3: median compute ratio {plain_ratio:.2f} -> {ratio:.2f}; rank 0 wait "
           f"{_median(plain_measured, 'wait_time', 0):.4f} -> {_median(slow_measured, 'wait_time', 0):.4f} s")
-    assert 2.0 < ratio < 6.0, ratio
+    # Rank 1 sleeps twice its own gap between collectives, so its compute
+    # time is about 3x; rank 0's few milliseconds of host work per step are
+    # noisy on a shared 2-core machine (medians of 2.0-2.8 seen), so the
+    # test asks for a clear slow-down against the same machine's plain run
+    # (about 1.0) rather than for the exact factor.
+    assert plain_ratio < 1.5 and 1.6 < ratio < 6.0, (plain_ratio, ratio)
     # The fast rank waits for the slow one: longer than before, and longer than rank 1.
     assert _median(slow_measured, "wait_time", 0) > _median(plain_measured, "wait_time", 0)
     assert _median(slow_measured, "wait_time", 0) > _median(slow_measured, "wait_time", 1)
