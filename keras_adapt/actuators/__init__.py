@@ -9,11 +9,14 @@ same way on every rank:
   or schedule, with an optional warm-up ramp and AdaScale progress;
 * :class:`GlobalBatchSize` -- the global batch ``workers x micro-batch x k``,
   using the two above and, when given, an
-  :class:`keras_adapt.data.AdaptiveBatchDataset` for the micro-batch.
+  :class:`keras_adapt.data.AdaptiveBatchDataset` for the micro-batch;
+* :class:`RankBatchSizes` -- a micro-batch per worker (straggler
+  rebalance), the update still the mean gradient of the global batch.
 """
 
 from keras_adapt.actuators.batch_size import GlobalBatchSize
 from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
 from keras_adapt.actuators.learning_rate import LearningRateScale
+from keras_adapt.actuators.rank_batch_sizes import RankBatchSizes
 
-__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale"]
+__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale", "RankBatchSizes"]

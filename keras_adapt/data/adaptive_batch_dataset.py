@@ -18,6 +18,16 @@ class AdaptiveBatchDataset:
     ``fit``: an epoch is then a fixed number of micro-steps (one pass at the
     initial micro-batch size) and :attr:`passes` says how much data was seen.
 
+    The workers' micro-batches may also differ
+    (:attr:`rank_micro_batch_sizes`, set by
+    :class:`keras_adapt.actuators.RankBatchSizes` to rebalance a straggler):
+    from then on each step takes the next ``sum(sizes)`` samples of the
+    pass's permutation as one global block, and worker r takes its own
+    consecutive slice of it (after the slices of ranks 0..r-1), so the
+    workers' batches are disjoint and together exactly the global batch. The
+    switch continues the pass where the equal shares left it: no sample is
+    seen twice in a pass.
+
     A new size applies from the next batch produced. The stream has no
     prefetch, so when a callback sets it between steps, every rank switches
     at the same step (policies do so through
@@ -71,6 +81,7 @@ class AdaptiveBatchDataset:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self._micro_batch_size = None
+        self._rank_sizes = None  # per-rank sizes once set: global blocks from then on
         self.micro_batch_size = micro_batch_size
         self.initial_micro_batch_size = self._micro_batch_size
         self.produced = 0  # micro-batches handed out so far
@@ -79,6 +90,9 @@ class AdaptiveBatchDataset:
         self._pass = 0
         self._order = None
         self._cursor = 0
+        self._global_order = None
+        self._global_cursor = 0
+        self._global_samples = 0  # samples of all workers, counted from the blocks
         self._dataset = None
 
     @property
@@ -98,6 +112,50 @@ class AdaptiveBatchDataset:
         if self._micro_batch_size is not None and int(value) != self._micro_batch_size:
             self.changes.append((self.produced, int(value)))
         self._micro_batch_size = int(value)
+        if self._rank_sizes is not None:
+            self._rank_sizes = [int(value)] * self.num_workers
+
+    @property
+    def rank_micro_batch_sizes(self):
+        """Every worker's micro-batch, by rank (all :attr:`micro_batch_size`
+        until set). Setting a list of ``num_workers`` positive ints (the same
+        list on every worker) makes every step a global block of their sum,
+        sliced by rank; :attr:`micro_batch_size` is then this worker's entry
+        (setting it gives every worker that size)."""
+        if self._rank_sizes is None:
+            return [self._micro_batch_size] * self.num_workers
+        return list(self._rank_sizes)
+
+    @rank_micro_batch_sizes.setter
+    def rank_micro_batch_sizes(self, sizes):
+        sizes = list(sizes) if isinstance(sizes, (list, tuple, np.ndarray)) else None
+        ok = sizes is not None and len(sizes) == self.num_workers and all(
+            isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1
+            for b in sizes)
+        if not ok:
+            raise ValueError(
+                f"rank_micro_batch_sizes={sizes!r} is not valid; use a list of "
+                f"{self.num_workers} positive ints, one per rank")
+        if sum(sizes) > self._pass_length():
+            raise ValueError(
+                f"rank_micro_batch_sizes={sizes} sum to {sum(sizes)}, more than one pass "
+                f"({self._pass_length()} samples); use a smaller global batch")
+        if self._rank_sizes is None:
+            # The equal shares took order[r::N][:cursor] on rank r, that is the
+            # first N * cursor samples of the pass's permutation: continue there.
+            self._global_order = None if self._order is None else self._permutation()
+            self._global_cursor = 0 if self._order is None else self.num_workers * self._cursor
+            self._global_samples = self.num_workers * self.samples
+        self._rank_sizes = [int(b) for b in sizes]
+        mine = self._rank_sizes[self.rank]
+        if mine != self._micro_batch_size:
+            self.changes.append((self.produced, mine))
+        self._micro_batch_size = mine
+
+    def _pass_length(self):
+        # The samples of a pass that the equal shares use (a remainder of
+        # fewer than num_workers samples is left out, as by the shares).
+        return self.shard_size * self.num_workers
 
     @property
     def micro_batch_limit(self):
@@ -111,21 +169,49 @@ class AdaptiveBatchDataset:
 
     @property
     def passes(self):
-        """Passes over the data completed so far (fractional)."""
+        """Passes over the data completed so far (fractional; by all workers
+        together once the per-rank sizes are set)."""
+        if self._rank_sizes is not None:
+            return self._global_samples / self._pass_length()
         return self.samples / self.shard_size
 
-    def _shard_order(self):
-        # The same global permutation on every rank; rank r takes every
-        # N-th sample, so the shards are disjoint and equally long.
+    def _permutation(self):
+        # The same global permutation of the pass on every rank.
         if self.shuffle:
-            order = np.random.default_rng((self.seed, self._pass)).permutation(self.num_samples)
-        else:
-            order = np.arange(self.num_samples)
-        return order[self.rank::self.num_workers][: self.shard_size]
+            return np.random.default_rng((self.seed, self._pass)).permutation(self.num_samples)
+        return np.arange(self.num_samples)
+
+    def _shard_order(self):
+        # Rank r takes every N-th sample, so the shards are disjoint and equally long.
+        return self._permutation()[self.rank::self.num_workers][: self.shard_size]
+
+    def _next_block_slice(self):
+        """This worker's slice of the next global block (per-rank sizes)."""
+        sizes = self._rank_sizes
+        start = sum(sizes[: self.rank])
+        parts, need, skip = [], sum(sizes), start
+        while need:
+            if self._global_cursor >= self._pass_length() or self._global_order is None:
+                if self._global_order is not None:
+                    self._pass += 1
+                self._global_order = self._permutation()
+                self._global_cursor = 0
+            take = self._global_order[self._global_cursor: min(
+                self._global_cursor + need, self._pass_length())]
+            self._global_cursor += len(take)
+            need -= len(take)
+            parts.append(take)
+        block = np.concatenate(parts)
+        return block[skip: skip + sizes[self.rank]]
 
     def next_indices(self):
         """Indices of the next micro-batch (continuing into the next pass)."""
         b = self._micro_batch_size
+        if self._rank_sizes is not None:
+            self.produced += 1
+            self.samples += b
+            self._global_samples += sum(self._rank_sizes)
+            return self._next_block_slice().astype(np.int64)
         parts, need = [], b
         while need:
             if self._order is None or self._cursor >= len(self._order):

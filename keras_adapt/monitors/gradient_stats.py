@@ -43,6 +43,44 @@ import tensorflow as tf
 _F64 = tf.float64
 
 
+def unbiased_estimates(local_sqr, total_sqr, inv_batch, total_inv_batch):
+    """Unbiased ``(|G|^2, tr(Sigma))`` from one update's two squared norms.
+
+    The one estimator of the gradient statistics (the graph calls it from
+    :meth:`GradientStatistics.update`; plain arithmetic, so it also runs on
+    numpy values). Its inputs are two squared norms whose expectations are
+
+        E local_sqr = |G|^2 + h tr(Sigma)        (h = ``inv_batch``)
+        E total_sqr = |G|^2 + c tr(Sigma)        (c = ``total_inv_batch``)
+
+    so that, solving the two equations (h > c),
+
+        tr(Sigma) = (local_sqr - total_sqr) / (h - c)
+        |G|^2     = (h total_sqr - c local_sqr) / (h - c)
+
+    ``local_sqr`` is the mean over the M micro-gradients g_m (each the mean
+    over b_m samples) of |g_m|^2, and h the mean of 1/b_m. For the
+    unweighted mean of the g_m, c = h / M (McCandlish et al.'s estimators;
+    with equal sizes DESIGN.md's formulas). For the batch-weighted mean
+    sum_m (b_m / B) g_m, B = sum_m b_m, c = sum_m (b_m/B)^2 / b_m = 1 / B:
+    workers with rebalanced, unequal micro-batches.
+
+    Example:
+
+    >>> from keras_adapt.monitors.gradient_stats import unbiased_estimates
+    >>> # two equal micro-gradients of 8 samples: h = 1/8, c = h / 2
+    >>> unbiased_estimates(5.0, 4.0, 1 / 8, 1 / 16)
+    (3.0, 16.0)
+    >>> # micro-batches of 4 and 12, batch-weighted mean: h = (1/4 + 1/12) / 2, c = 1/16
+    >>> g2, s = unbiased_estimates(5.0, 4.0, (1 / 4 + 1 / 12) / 2, 1 / 16)
+    >>> round(g2, 6), round(s, 6)
+    (3.4, 9.6)
+    """
+    spread = inv_batch - total_inv_batch
+    return ((inv_batch * total_sqr - total_inv_batch * local_sqr) / spread,
+            (local_sqr - total_sqr) / spread)
+
+
 class GradientStatistics(tf.Module):
     """State and update rule of the in-graph gradient statistics.
 
@@ -161,7 +199,7 @@ class GradientStatistics(tf.Module):
         return tf.where(b > 0.0, 1.0 / tf.maximum(b, 1.0), 0.0)
 
     def update(self, local_sqr, total_sqr, num_gradients, inv_batch=None, global_batch=None,
-               valid=True):
+               valid=True, weighted=False):
         """Folds one update's measurements into the averages (in-graph).
 
         Args:
@@ -180,6 +218,10 @@ class GradientStatistics(tf.Module):
                 M = 2 but a global batch of its own b.
             valid: optional boolean (tensor) that must also hold for the
                 measurement to be used (e.g. "a previous gradient exists").
+            weighted: True when ``total_sqr`` is the squared norm of the
+                batch-weighted mean sum_m b_m g_m / B (workers with unequal
+                micro-batches, ``keras_adapt.optimizer.BatchWeighting``)
+                rather than the unweighted mean; ``global_batch`` is then B.
 
         Returns:
             A boolean scalar tensor: True when the measurements were finite and
@@ -197,12 +239,18 @@ class GradientStatistics(tf.Module):
             global_batch = m * tf.cast(self.batch_size, _F64)
         global_batch = tf.cast(global_batch, _F64)
         finite = tf.math.is_finite(local_sqr) & tf.math.is_finite(total_sqr)
-        # m >= 2 and h > 0 are checked in `usable`; the maxima only keep the
-        # unused value free of a division by zero.
-        denom = tf.maximum(m - 1.0, 1.0)
-        grad_sqr = (m * total_sqr - local_sqr) / denom
-        grad_var = m * (local_sqr - total_sqr) / (denom * tf.where(h > 0.0, h, 1.0))
-        usable = finite & (h > 0.0) & (m >= 2.0) & tf.cast(valid, tf.bool)
+        if weighted:
+            # The batch-weighted mean: E total_sqr = |G|^2 + tr(S) / B.
+            total_h = 1.0 / tf.maximum(global_batch, 1.0)
+        else:
+            # The unweighted mean of M micro-gradients: E total_sqr = |G|^2 + h tr(S) / M.
+            total_h = h / tf.maximum(m, 1.0)
+        # m >= 2, h > 0 and h > total_h are checked in `usable`; the guard
+        # only keeps the unused value free of a division by zero.
+        spread = h - total_h
+        usable = finite & (h > 0.0) & (m >= 2.0) & (spread > 0.0) & tf.cast(valid, tf.bool)
+        grad_sqr, grad_var = unbiased_estimates(local_sqr, total_sqr, h,
+                                                tf.where(usable, total_h, h - 1.0))
         # One measurement stands for the `interval` updates up to the next.
         interval = tf.cast(self.interval, _F64)
         beta = tf.pow(tf.constant(self.ema_decay, _F64), interval)

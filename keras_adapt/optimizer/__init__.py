@@ -11,6 +11,8 @@ The package follows one optimizer update:
   measure, apply or skip;
 * :mod:`~keras_adapt.optimizer.statistics` -- what the statistics are
   computed from with N >= 2 workers, N = 1, or N x k micro-steps;
+* :mod:`~keras_adapt.optimizer.batch_weighting` -- the batch-weighted
+  mean when the workers' micro-batches differ (straggler rebalance);
 * :mod:`~keras_adapt.optimizer.accumulation`,
   :mod:`~keras_adapt.optimizer.lr_control` -- state that actuators change
   without retracing;
@@ -30,6 +32,7 @@ Example:
 
 from keras_adapt.optimizer.accumulation import AccumulationState, enable_accumulation
 from keras_adapt.optimizer._bindings import distributed_class
+from keras_adapt.optimizer.batch_weighting import BatchWeighting
 from keras_adapt.optimizer.factory import (
     DistributedOptimizer,
     distributed_class_like,
@@ -49,6 +52,7 @@ __all__ = [
     "DEFAULT_STATS_INTERVAL",
     "AccumulationState",
     "AdaptState",
+    "BatchWeighting",
     "DistributedOptimizer",
     "LearningRateControl",
     "PreviousGradient",

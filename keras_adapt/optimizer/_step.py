@@ -299,7 +299,7 @@ class DistributedCore:
                 with tf.control_dependencies(deps):
                     return [tf.identity(r) for r in reduced]
 
-            reduced = tf.cond(carry, carrying, lambda: state.reduction.allreduce(local))
+            reduced = tf.cond(carry, carrying, lambda: self._ka_reduce(local, samples))
             apply(with_averaged(reduced))
             return tf.constant(True)
 
@@ -336,8 +336,29 @@ class DistributedCore:
                    stats.inverse_batch_size(), tf.cast(stats.batch_size, tf.float32))
         else:
             own = (local_sqr, inv_batch, samples)
-        reduced = state.reduction.allreduce(local, [tf.stack(own)])
-        return reduced[:-1], tuple(tf.unstack(reduced[-1])), own
+        weighting = state.batch_weighting
+        if not weighting.active(state.reduction.size()):
+            reduced = state.reduction.allreduce(local, [tf.stack(own)])
+            return reduced[:-1], tuple(tf.unstack(reduced[-1])), own
+        # Unequal micro-batches: the batch-weighted mean, from the b_i that
+        # rides in the measurement (|g_i|^2 above is the unweighted g_i's).
+        reduced = state.reduction.allreduce(weighting.scale(local, own[2]), [tf.stack(own)])
+        averaged = tuple(tf.unstack(reduced[-1]))
+        return weighting.unscale(reduced[:-1], averaged[2]), averaged, own
+
+    def _ka_reduce(self, local, samples=None):
+        """The gradient allreduce of an update without a measurement: plain
+        Horovod, or, once the batch weighting is enabled, the batch-weighted
+        mean (this worker's batch ``samples``, default the recorded
+        micro-batch, rides in the same grouped allreduce)."""
+        state = self._adapt_state
+        weighting = state.batch_weighting
+        if not weighting.active(state.reduction.size()):
+            return state.reduction.allreduce(local)
+        batch = samples if samples is not None else tf.cast(state.statistics.batch_size,
+                                                            tf.float32)
+        reduced = state.reduction.allreduce(weighting.scale(local, batch), [batch])
+        return weighting.unscale(reduced[:-1], reduced[-1])
 
     def _ka_fold_in(self, reduced, averaged, own, when, num_gradients, update_index):
         """The statistics of this update when ``when`` (True, or a bool

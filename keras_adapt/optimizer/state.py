@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from keras_adapt import _hvd
 from keras_adapt.monitors.worker_timing import CollectiveTiming
+from keras_adapt.optimizer.batch_weighting import BatchWeighting
 
 
 class AdaptState:
@@ -42,6 +43,9 @@ class AdaptState:
         timing: the :class:`~keras_adapt.monitors.worker_timing.CollectiveTiming`
             that times the update's collectives once ``WorkerTimingMonitor``
             enabled it (the same object as ``reduction.timing``).
+        batch_weighting: the :class:`~keras_adapt.optimizer.BatchWeighting`
+            that makes the update the global-batch mean gradient when the
+            workers' micro-batches differ, once ``RankBatchSizes`` enabled it.
 
     Example:
 
@@ -70,6 +74,7 @@ class AdaptState:
         self.sync = sync
         self.timing = CollectiveTiming()
         self.reduction.timing = self.timing
+        self.batch_weighting = BatchWeighting()
 
 
 def variable_key(variable):

@@ -91,8 +91,10 @@ def measure(state, mean, averaged, local, num_gradients, num_workers, update_ind
     global_batch = tf.cast(num_workers, tf.float32) * mean_samples
     _, total_sqr = ops.squared_norms(mean)
     if num_workers >= 2:
+        # With unequal micro-batches `mean` is the batch-weighted mean.
         return stats.update(mean_local_sqr, total_sqr, num_gradients, inv_batch=mean_inv_batch,
-                            global_batch=global_batch)
+                            global_batch=global_batch,
+                            weighted=state.batch_weighting.active(num_workers))
     # One worker: with k >= 2 micro-steps the k micro-gradients give the
     # unbiased estimate; with one gradient per update, pair it with the
     # previous update's (M = 2, sizes b_prev and b; unbiased for unequal

@@ -31,6 +31,47 @@ def slow_ranks(compute_times, threshold):
     return {r: c / median for r, c in enumerate(compute_times) if c > (1.0 + threshold) * median}
 
 
+def proportional_batches(speeds, total):
+    """Integer micro-batches proportional to ``speeds``, each >= 1, summing to ``total``.
+
+    The rule of the rebalance: worker r gets about ``total * speeds[r] /
+    sum(speeds)`` samples; the floors (at least 1) are completed by the
+    largest remainders, ties to the lower rank, so every worker computes the
+    same list from the same speeds.
+
+    Example:
+
+    >>> from keras_adapt.policies.straggler import proportional_batches
+    >>> proportional_batches([1.0, 1.0 / 1.5], 64)   # rank 1 is 1.5x slower
+    [38, 26]
+    >>> proportional_batches([100.0, 1.0, 1.0], 5)
+    [3, 1, 1]
+    """
+    n = len(speeds)
+    if n == 0 or total < n or not all(math.isfinite(v) and v > 0.0 for v in speeds):
+        raise ValueError(
+            f"cannot split a batch of {total} by speeds {speeds}; need positive finite "
+            f"speeds and a batch of at least one sample per worker")
+    ideal = [total * v / sum(speeds) for v in speeds]
+    out = [max(1, math.floor(x)) for x in ideal]
+    by_remainder = sorted(range(n), key=lambda r: (-(ideal[r] - out[r]), r))
+    k = 0
+    while sum(out) < total:
+        out[by_remainder[k % n]] += 1
+        k += 1
+    by_excess = sorted(range(n), key=lambda r: (ideal[r] - out[r], r))
+    k = 0
+    while sum(out) > total:
+        r = by_excess[k % n]
+        if out[r] > 1:
+            out[r] -= 1
+        k += 1
+    return out
+
+
+ACTIONS = ("record", "rebalance")
+
+
 class StragglerPolicy(AdaptationPolicy):
     """Flags a worker whose compute time stays above the others' (a ``straggler`` event).
 
@@ -50,8 +91,19 @@ class StragglerPolicy(AdaptationPolicy):
 
     The measurements come from the monitor's allgather and the warm-up is
     counted in the measured step time, so every worker makes the same
-    decisions at the same step. The policy records; it does not change the
-    job.
+    decisions at the same step.
+
+    ``action="record"`` (default) only records. ``action="rebalance"``
+    also gives every worker a micro-batch proportional to its speed (its
+    micro-batch / its compute time) when a worker is flagged, keeping the
+    global batch (:func:`proportional_batches`), through
+    :class:`~keras_adapt.actuators.RankBatchSizes` on ``dataset``: the
+    update stays the mean gradient of the global batch and the gradient
+    statistics stay unbiased. The event's ``before`` and ``after`` then hold
+    the per-rank ``batch_sizes``. The measurement that follows a change
+    mixes old and new batches and is not judged. A worker still (or newly)
+    slower after a rebalance is flagged again after ``patience`` more
+    measurements, and the batches are split again from the new speeds.
 
     Args:
         monitor: the run's ``WorkerTimingMonitor`` (in the same callback
@@ -62,6 +114,9 @@ class StragglerPolicy(AdaptationPolicy):
         patience: consecutive slow measurements before a worker is flagged.
         interval: optimizer updates between checks for a new measurement
             (default: the monitor's interval).
+        action: ``"record"`` (default) or ``"rebalance"``.
+        dataset: with ``action="rebalance"``: the
+            :class:`~keras_adapt.data.AdaptiveBatchDataset` that feeds ``fit``.
         log_dir, verbose: see :class:`AdaptationPolicy`.
 
     Example:
@@ -80,7 +135,7 @@ class StragglerPolicy(AdaptationPolicy):
     """
 
     def __init__(self, monitor, warmup_s=30.0, threshold=0.067, patience=3, interval=None,
-                 log_dir=None, verbose=0):
+                 action="record", dataset=None, log_dir=None, verbose=0):
         from keras_adapt.callbacks import WorkerTimingMonitor
 
         if not isinstance(monitor, WorkerTimingMonitor):
@@ -99,12 +154,33 @@ class StragglerPolicy(AdaptationPolicy):
             raise ValueError(f"threshold={threshold!r} is not valid; use a fraction > 0 "
                              "(e.g. 0.067 for 6.7 %)")
         self.patience = _check_positive_int("patience", patience)
+        if action not in ACTIONS:
+            raise ValueError(f"action={action!r} is not valid; use one of {ACTIONS}")
+        if action == "rebalance" and not hasattr(dataset, "rank_micro_batch_sizes"):
+            raise ValueError(
+                f"action='rebalance' needs the AdaptiveBatchDataset that feeds fit "
+                f"(dataset=...), got dataset={dataset!r}; e.g. ds = AdaptiveBatchDataset(x, y, "
+                "micro_batch_size=64); StragglerPolicy(m, action='rebalance', dataset=ds); "
+                "model.fit(ds.dataset, steps_per_epoch=ds.steps_per_epoch, ...)")
+        if action == "record" and dataset is not None:
+            raise ValueError("dataset= is only used with action='rebalance'; drop it or "
+                             "pass action='rebalance'")
+        self.action = action
+        self.dataset = dataset
+        self.batches = None  # the RankBatchSizes actuator (rebalance), made in on_attach
         self._reset()
+
+    def on_attach(self, model):
+        if self.action == "rebalance" and self.batches is None:
+            from keras_adapt.actuators import RankBatchSizes
+
+            self.batches = RankBatchSizes(model, self.dataset)
 
     def _reset(self):
         self._seen = self.monitor.measurements
         self._timed_s = 0.0
         self._streaks = {}
+        self._settling = False
 
     def on_adapt_begin(self, values):
         self._reset()
@@ -124,16 +200,33 @@ class StragglerPolicy(AdaptationPolicy):
         self._timed_s += result["step_time"] * result["steps"]
         if not warm:
             return
+        if self._settling:
+            # This interval mixes the batches before and after a rebalance.
+            self._settling = False
+            return
         compute = result["compute_time"]
         slow = slow_ranks(compute, self.threshold)
         self._streaks = {r: self._streaks.get(r, 0) + 1 for r in slow}
         median = statistics.median(compute)
-        for rank, ratio in sorted(slow.items()):
-            if self._streaks[rank] == self.patience:
-                self.record(
-                    "straggler",
-                    f"rank {rank} computes {ratio:.3g}x the median for {self.patience} "
-                    f"measurements (threshold {1.0 + self.threshold:.3g}x)",
-                    {"median_compute_time": median},
-                    {"straggler_rank": rank, "ratio": ratio, "compute_time": compute[rank],
-                     "median_compute_time": median})
+        flagged = [(r, ratio) for r, ratio in sorted(slow.items())
+                   if self._streaks[r] == self.patience]
+        before, after = {"median_compute_time": median}, {}
+        if flagged and self.batches is not None:
+            sizes = self.batches.sizes
+            if all(c > 0.0 and math.isfinite(c) for c in compute):
+                new = proportional_batches([b / c for b, c in zip(sizes, compute)], sum(sizes))
+                if new != sizes:
+                    self.batches.set(new)
+                    self._streaks = {}
+                    self._settling = True
+            before["batch_sizes"], after["batch_sizes"] = sizes, self.batches.sizes
+        for rank, ratio in flagged:
+            self.record(
+                "straggler",
+                f"rank {rank} computes {ratio:.3g}x the median for {self.patience} "
+                f"measurements (threshold {1.0 + self.threshold:.3g}x)"
+                + (f"; micro-batches {before['batch_sizes']} -> {after['batch_sizes']}"
+                   if "batch_sizes" in after else ""),
+                dict(before),
+                {"straggler_rank": rank, "ratio": ratio, "compute_time": compute[rank],
+                 "median_compute_time": median, **after})
