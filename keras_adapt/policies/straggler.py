@@ -103,7 +103,11 @@ class StragglerPolicy(AdaptationPolicy):
     the per-rank ``batch_sizes``. The measurement that follows a change
     mixes old and new batches and is not judged. A worker still (or newly)
     slower after a rebalance is flagged again after ``patience`` more
-    measurements, and the batches are split again from the new speeds.
+    measurements, and the batches are split again from the new speeds --
+    unless the step time did not drop since the last rebalance (a worker's
+    compute time does not grow with its batch: fixed costs dominate, and
+    rebalancing cannot help): then the last split is undone and the policy
+    stops rebalancing (it still records).
 
     Args:
         monitor: the run's ``WorkerTimingMonitor`` (in the same callback
@@ -181,6 +185,36 @@ class StragglerPolicy(AdaptationPolicy):
         self._timed_s = 0.0
         self._streaks = {}
         self._settling = False
+        self._undo = None  # (sizes, step time) before the last rebalance
+        self._stopped = False
+
+    def _rebalance(self, sizes, compute, step_time):
+        """Splits the global batch by speed (micro-batch / compute time);
+        returns a note for the event. A rebalance that did not shorten the
+        step (compute time that does not grow with the batch: fixed costs
+        dominate) is undone, and the policy stops rebalancing."""
+        if self._stopped:
+            return "; not rebalanced (an earlier rebalance did not help)"
+        if self._undo is not None and step_time >= self._undo[1]:
+            previous, previous_time = self._undo
+            self._undo = None
+            self._stopped = True
+            self._change(previous)
+            return (f"; micro-batches {sizes} did not shorten the step ({step_time:.4g} s vs "
+                    f"{previous_time:.4g} s): back to {previous}, rebalancing stopped")
+        if not all(c > 0.0 and math.isfinite(c) for c in compute):
+            return ""
+        new = proportional_batches([b / c for b, c in zip(sizes, compute)], sum(sizes))
+        if new == sizes:
+            return f"; micro-batches {sizes} already proportional to speed"
+        self._undo = (sizes, step_time)
+        self._change(new)
+        return f"; micro-batches {sizes} -> {new} (proportional to speed)"
+
+    def _change(self, sizes):
+        self.batches.set(sizes)
+        self._streaks = {}
+        self._settling = True
 
     def on_adapt_begin(self, values):
         self._reset()
@@ -210,23 +244,16 @@ class StragglerPolicy(AdaptationPolicy):
         median = statistics.median(compute)
         flagged = [(r, ratio) for r, ratio in sorted(slow.items())
                    if self._streaks[r] == self.patience]
-        before, after = {"median_compute_time": median}, {}
+        before, after, note = {"median_compute_time": median}, {}, ""
         if flagged and self.batches is not None:
             sizes = self.batches.sizes
-            if all(c > 0.0 and math.isfinite(c) for c in compute):
-                new = proportional_batches([b / c for b, c in zip(sizes, compute)], sum(sizes))
-                if new != sizes:
-                    self.batches.set(new)
-                    self._streaks = {}
-                    self._settling = True
+            note = self._rebalance(sizes, compute, result["step_time"])
             before["batch_sizes"], after["batch_sizes"] = sizes, self.batches.sizes
         for rank, ratio in flagged:
             self.record(
                 "straggler",
                 f"rank {rank} computes {ratio:.3g}x the median for {self.patience} "
-                f"measurements (threshold {1.0 + self.threshold:.3g}x)"
-                + (f"; micro-batches {before['batch_sizes']} -> {after['batch_sizes']}"
-                   if "batch_sizes" in after else ""),
+                f"measurements (threshold {1.0 + self.threshold:.3g}x){note}",
                 dict(before),
                 {"straggler_rank": rank, "ratio": ratio, "compute_time": compute[rank],
                  "median_compute_time": median, **after})
