@@ -213,3 +213,38 @@ def test_sync_strategies_quick():
     if a is not None and b is not None:
         assert line["adaptive_speedup_vs_ssgd_delay"] == pytest.approx(b / a, rel=1e-2)
     assert line["met"] == bool(line["met_acc"] and line["met_speedup"])
+
+
+def test_straggler_quick():
+    # The smoke mode runs every configuration once on two real workers; what
+    # is checked is that the line reports what was measured (the speed-up
+    # itself is the benchmark's result, not asserted on this shared machine).
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "straggler.py"), "--quick"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    assert len(lines) == 1
+    line = lines[0]
+    assert list(line)[:4] == ["bench", "detect_steps", "false_alarms", "rebalance_gain"]
+    assert line["bench"] == "straggler" and line["rounds"] == 1 and line["global_batch"] == 128
+    thr = line["throughput"]
+    assert set(thr) == {"healthy", "record", "rebalance"}
+    gain = thr["rebalance"][0] / thr["record"][0]
+    assert line["gains"][0] == pytest.approx(gain, rel=1e-3)
+    assert line["rebalance_gain"] == line["gains"][0] and line["met"] == (gain >= 1.2)
+    assert line["gain_spread"] == [line["gains"][0]] * 2
+    assert set(line["step_time_by_batch"]) == {"32", "64", "96"}
+    assert all(t > 0 for t in line["step_time_by_batch"].values())
+    split = line["final_split"][0]
+    assert sum(split) == 128 and min(split) >= 1
+    detect = line["detect_steps_by_round"][0]
+    assert line["missed_detections"] == (detect is None)
+    if detect is not None:
+        # patience 2 of interval 5: at least two judged measurements after the warm-up
+        assert detect >= 10 and line["detect_steps"] == detect
+    assert 0 <= line["healthy_steps"] <= 80
+    table = [l.split() for l in proc.stdout.splitlines() if l.split()[:1] == ["0"]]
+    assert [row[1] for row in table] == ["healthy", "record", "rebalance"]
+    assert [float(row[2]) for row in table] == pytest.approx(
+        [thr[c][0] for c in ("healthy", "record", "rebalance")], abs=0.1)
+    assert sum(int(row[4]) for row in table[:1]) == line["false_alarms"]

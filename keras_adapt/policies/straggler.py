@@ -187,6 +187,9 @@ class StragglerPolicy(AdaptationPolicy):
         self._settling = False
         self._undo = None  # (sizes, step time) before the last rebalance
         self._stopped = False
+        #: The optimizer step of the measurement that completed the warm-up
+        #: (the measurements after it are judged); None before.
+        self.warmup_end_step = None
 
     def _rebalance(self, sizes, compute, step_time):
         """Splits the global batch by speed (micro-batch / compute time);
@@ -218,6 +221,8 @@ class StragglerPolicy(AdaptationPolicy):
 
     def on_adapt_begin(self, values):
         self._reset()
+        if self.warmup_s == 0.0:
+            self.warmup_end_step = self.step
 
     def adapt(self, step, values):
         self._check_measurement()
@@ -233,6 +238,8 @@ class StragglerPolicy(AdaptationPolicy):
         warm = self._timed_s >= self.warmup_s
         self._timed_s += result["step_time"] * result["steps"]
         if not warm:
+            if self._timed_s >= self.warmup_s:
+                self.warmup_end_step = self.step
             return
         if self._settling:
             # This interval mixes the batches before and after a rebalance.

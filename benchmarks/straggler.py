@@ -1,0 +1,241 @@
+"""Stragglers: detection steps, false alarms, and the throughput gain of rebalancing.
+
+Run from the repository (it launches itself on 2 local workers, Gloo, each
+pinned to its own core with one TensorFlow thread):
+
+    .venv/bin/python benchmarks/straggler.py            # primary stack (~6 min)
+    .venv-keras2/bin/python benchmarks/straggler.py     # legacy stack
+    .venv/bin/python benchmarks/straggler.py --quick    # smoke run (< 1 min)
+
+What it runs
+------------
+A compute-bound MLP (``--dim`` inputs, two ReLU layers of ``--hidden``
+units, 10 outputs, mean squared error on seeded synthetic data) with
+``keras_adapt.DistributedOptimizer``, a ``WorkerTimingMonitor`` and a
+``StragglerPolicy`` (threshold 6.7 %, ``--patience`` measurements of
+``--interval`` steps, ``--warmup`` seconds), fed by an
+``AdaptiveBatchDataset`` with ``--batch`` samples per worker (global batch
+2 x batch). Three configurations, interleaved in every round (``--rounds``),
+each a fresh model of ``--steps`` steps:
+
+* ``healthy``   no slow-down, ``action="record"``: every ``straggler``
+  event is a false alarm (``false_alarms`` over ``healthy_steps``);
+* ``record``    rank 1 slowed 1.5x (``KERAS_ADAPT_SLOW_RANK=1:1.5``, set
+  before the model is traced), ``action="record"``: ``detect_steps`` = the
+  steps from the end of the warm-up to the first event naming rank 1;
+* ``rebalance`` rank 1 slowed 1.5x, ``action="rebalance"``.
+
+Throughput = global samples / wall time over the same window of steps in
+every configuration (``--window``: the last steps of the run, after the
+rebalance has settled); ``rebalance_gain`` = throughput of ``rebalance`` /
+throughput of ``record``, per round; the headline is the median over the
+rounds, with the smallest and largest. Before the rounds, the step time is
+measured at per-worker batches batch/2, batch and 3 batch/2 without
+slow-down, to show that the step time grows with the batch (otherwise
+rebalancing cannot help). With an ideal linear step time and no fixed
+cost the best split is 1.2 : 0.8 and the gain 1.5 / 1.2 = 1.25.
+
+Prints a table and one JSON line
+``{"bench": "straggler", "detect_steps": ..., "false_alarms": ...,
+"rebalance_gain": ..., ...}``; target rebalance_gain >= 1.2.
+"""
+
+import json
+import os
+import statistics
+import time
+
+from _workers import describe_stack, pin_worker, run_on_workers, write_result
+from _workers import parser as worker_parser
+
+CONFIGS = ("healthy", "record", "rebalance")
+SLOW = "1:1.5"
+TARGET_GAIN = 1.2
+
+
+def launch(args):
+    start = time.perf_counter()
+    flags = ["--steps", args.steps, "--window", args.window, "--rounds", args.rounds,
+             "--batch", args.batch, "--hidden", args.hidden, "--dim", args.dim,
+             "--interval", args.interval, "--patience", args.patience, "--warmup", args.warmup]
+    result = run_on_workers(__file__, flags, "straggler_bench_")
+    report(result, time.perf_counter() - start)
+
+
+def _spread(values):
+    return [round(min(values), 4), round(max(values), 4)] if values else None
+
+
+def summarize(result):
+    """The JSON line, from the rank-0 result of the workers."""
+    runs = result["runs"]
+    gains, detect, false_alarms, healthy_steps = [], [], 0, 0
+    for rnd in runs:
+        gains.append(rnd["rebalance"]["throughput"] / rnd["record"]["throughput"])
+        if rnd["record"]["detect_steps"] is not None:
+            detect.append(rnd["record"]["detect_steps"])
+        false_alarms += len(rnd["healthy"]["events"])
+        healthy_steps += rnd["healthy"]["judged_steps"]
+    missed = sum(rnd["record"]["detect_steps"] is None for rnd in runs)
+    gain = statistics.median(gains)
+    line = {
+        "bench": "straggler",
+        "detect_steps": max(detect) if detect and not missed else None,
+        "false_alarms": false_alarms,
+        "rebalance_gain": round(gain, 4),
+        "stack": result["stack"],
+        "target": TARGET_GAIN,
+        "met": gain >= TARGET_GAIN,
+        "gain_spread": _spread(gains),
+        "gains": [round(g, 4) for g in gains],
+        "detect_steps_by_round": [rnd["record"]["detect_steps"] for rnd in runs],
+        "missed_detections": missed,
+        "healthy_steps": healthy_steps,
+        "rounds": len(runs),
+        "global_batch": 2 * result["settings"]["batch"],
+        "step_time_by_batch": result["step_time_by_batch"],
+        "throughput": {c: [round(rnd[c]["throughput"], 1) for rnd in runs] for c in CONFIGS},
+        "final_split": [rnd["rebalance"]["final_sizes"] for rnd in runs],
+        "settings": result["settings"],
+        "versions": result["versions"],
+        "load": result["load"],
+    }
+    return line
+
+
+def report(result, elapsed):
+    s = result["settings"]
+    print(f"\nstragglers, stack={result['stack']} ({result['versions']}), 2 workers, Gloo, "
+          f"rank 1 slowed {SLOW.split(':')[1]}x; per-worker batch {s['batch']}, MLP "
+          f"{s['dim']}-{s['hidden']}-{s['hidden']}-10, {s['steps']} steps per run, window the "
+          f"last {s['window']}; load average before/after {result['load']}")
+    print("step time without slow-down, by per-worker batch:",
+          ", ".join(f"{b}: {t * 1000:.1f} ms" for b, t in result["step_time_by_batch"].items()))
+    print(f"{'round':>5s} {'config':10s} {'samples/s':>10s} {'step ms':>8s} {'events':>6s} "
+          f"{'detect':>6s} {'split at end':>14s}")
+    for i, rnd in enumerate(result["runs"]):
+        for c in CONFIGS:
+            r = rnd[c]
+            detect = "-" if r.get("detect_steps") is None else str(r["detect_steps"])
+            print(f"{i:5d} {c:10s} {r['throughput']:10.1f} {r['step_time'] * 1000:8.2f} "
+                  f"{len(r['events']):6d} {detect:>6s} {str(r['final_sizes']):>14s}")
+    line = summarize(result)
+    print(f"rebalance_gain {line['rebalance_gain']} (rounds {line['gains']}), target "
+          f">= {TARGET_GAIN}: {line['met']}; detect_steps {line['detect_steps_by_round']}; "
+          f"false alarms {line['false_alarms']} in {line['healthy_steps']} healthy steps")
+    print(json.dumps(line))
+    print(f"\nbenchmark took {elapsed:.0f} s")
+
+
+# ------------------------------------------------------------------ worker
+def worker(args):
+    pin_worker()
+    import numpy as np
+
+    import keras
+    import keras_adapt
+    from keras_adapt.callbacks import BroadcastGlobalVariablesCallback, WorkerTimingMonitor
+    from keras_adapt.data import AdaptiveBatchDataset
+    from keras_adapt.monitors.worker_timing import SLOW_RANK_ENV
+    from keras_adapt.policies import StragglerPolicy
+
+    rank = keras_adapt.rank()
+    load_before = os.getloadavg()[0]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8192, args.dim)).astype("float32")
+    y = rng.standard_normal((8192, 10)).astype("float32")
+
+    class Clock(keras.callbacks.Callback):
+        """The host time at the start of every step (and at the end of the last)."""
+
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.times.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            self.times.append(time.perf_counter())
+
+    def run(config, steps, batch=args.batch, window=args.window):
+        if config == "healthy":
+            os.environ.pop(SLOW_RANK_ENV, None)
+        else:
+            os.environ[SLOW_RANK_ENV] = SLOW  # read when the train function is traced
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([
+            keras.Input((args.dim,)),
+            keras.layers.Dense(args.hidden, activation="relu"),
+            keras.layers.Dense(args.hidden, activation="relu"),
+            keras.layers.Dense(10)])
+        model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(1e-4)), "mse")
+        ds = AdaptiveBatchDataset(x, y, micro_batch_size=batch, seed=2)
+        monitor = WorkerTimingMonitor(interval=args.interval)
+        policy = StragglerPolicy(
+            monitor, warmup_s=args.warmup, threshold=0.067, patience=args.patience,
+            action="rebalance" if config == "rebalance" else "record",
+            dataset=ds if config == "rebalance" else None)
+        clock = Clock()
+        model.fit(ds.dataset, steps_per_epoch=steps, epochs=1, verbose=0,
+                  callbacks=[BroadcastGlobalVariablesCallback(0), monitor, policy, clock])
+        os.environ.pop(SLOW_RANK_ENV, None)
+        t = clock.times
+        seconds = t[-1] - t[-1 - window]
+        out = {"throughput": window * 2 * batch / seconds, "step_time": seconds / window,
+               "events": [{k: e[k] for k in ("step", "reason", "after")} for e in policy.events],
+               "final_sizes": ds.rank_micro_batch_sizes,
+               "warmup_end_step": policy.warmup_end_step}
+        if config == "record":
+            flagged = [e["step"] for e in policy.events if e["after"]["straggler_rank"] == 1]
+            out["detect_steps"] = (flagged[0] - policy.warmup_end_step
+                                   if flagged and policy.warmup_end_step is not None else None)
+        if config == "healthy":
+            out["judged_steps"] = (steps - policy.warmup_end_step
+                                   if policy.warmup_end_step is not None else 0)
+        return out
+
+    # Step time by batch, no slow-down (the first 5 steps, tracing included, left out).
+    by_batch = {}
+    for b in (args.batch // 2, args.batch, 3 * args.batch // 2):
+        r = run("healthy", 45, batch=b, window=40)
+        by_batch[str(b)] = r["step_time"]
+
+    runs = []
+    for i in range(args.rounds):
+        order = CONFIGS[i % 3:] + CONFIGS[: i % 3]  # rotate, so drifts touch all alike
+        rnd = {c: run(c, args.steps) for c in order}
+        runs.append(rnd)
+        if rank == 0:
+            print(f"round {i}: " + ", ".join(f"{c} {rnd[c]['throughput']:.0f}/s" for c in CONFIGS),
+                  flush=True)
+    result = {"runs": runs, "step_time_by_batch": by_batch,
+              "settings": {k: getattr(args, k) for k in (
+                  "steps", "window", "batch", "hidden", "dim", "interval", "patience",
+                  "warmup")}}
+    result.update(describe_stack(load_before))
+    write_result(args.out, rank, result)
+
+
+def main():
+    parser = worker_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="short smoke run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=400, help="steps per run")
+    parser.add_argument("--window", type=int, default=200,
+                        help="the last steps of a run whose throughput is compared")
+    parser.add_argument("--batch", type=int, default=256, help="per-worker batch")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--interval", type=int, default=10, help="timing monitor interval")
+    parser.add_argument("--patience", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=3.0, help="policy warm-up (s)")
+    args = parser.parse_args()
+    if args.quick and not args.worker:
+        args.rounds, args.steps, args.window, args.batch = 1, 80, 30, 64
+        args.hidden, args.dim, args.interval, args.patience, args.warmup = 256, 128, 5, 2, 0.3
+    worker(args) if args.worker else launch(args)
+
+
+if __name__ == "__main__":
+    main()
