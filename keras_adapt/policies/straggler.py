@@ -104,10 +104,11 @@ class StragglerPolicy(AdaptationPolicy):
     mixes old and new batches and is not judged. A worker still (or newly)
     slower after a rebalance is flagged again after ``patience`` more
     measurements, and the batches are split again from the new speeds --
-    unless the step time did not drop since the last rebalance (a worker's
-    compute time does not grow with its batch: fixed costs dominate, and
-    rebalancing cannot help): then the last split is undone and the policy
-    stops rebalancing (it still records).
+    unless the step got longer by more than ``threshold`` since the last
+    rebalance (a worker's compute time does not grow with its batch: fixed
+    costs dominate, and rebalancing cannot help): then the last split is
+    undone and the policy stops rebalancing (it still records). Speeds and
+    step times are the means over the last ``patience`` measurements.
 
     Args:
         monitor: the run's ``WorkerTimingMonitor`` (in the same callback
@@ -186,24 +187,28 @@ class StragglerPolicy(AdaptationPolicy):
         self._streaks = {}
         self._settling = False
         self._undo = None  # (sizes, step time) before the last rebalance
+        self._recent = []  # (compute times, step time) judged since the last change
         self._stopped = False
         #: The optimizer step of the measurement that completed the warm-up
         #: (the measurements after it are judged); None before.
         self.warmup_end_step = None
 
-    def _rebalance(self, sizes, compute, step_time):
-        """Splits the global batch by speed (micro-batch / compute time);
-        returns a note for the event. A rebalance that did not shorten the
-        step (compute time that does not grow with the batch: fixed costs
-        dominate) is undone, and the policy stops rebalancing."""
+    def _rebalance(self, sizes):
+        """Splits the global batch by speed (micro-batch / compute time, the
+        means over the last ``patience`` measurements); returns a note for
+        the event. A rebalance after which the step got longer by more than
+        ``threshold`` (compute time that does not grow with the batch: fixed
+        costs dominate) is undone, and the policy stops rebalancing."""
+        compute = [statistics.fmean(c[r] for c, _ in self._recent) for r in range(len(sizes))]
+        step_time = statistics.fmean(t for _, t in self._recent)
         if self._stopped:
             return "; not rebalanced (an earlier rebalance did not help)"
-        if self._undo is not None and step_time >= self._undo[1]:
+        if self._undo is not None and step_time > (1.0 + self.threshold) * self._undo[1]:
             previous, previous_time = self._undo
             self._undo = None
             self._stopped = True
             self._change(previous)
-            return (f"; micro-batches {sizes} did not shorten the step ({step_time:.4g} s vs "
+            return (f"; micro-batches {sizes} made the step longer ({step_time:.4g} s vs "
                     f"{previous_time:.4g} s): back to {previous}, rebalancing stopped")
         if not all(c > 0.0 and math.isfinite(c) for c in compute):
             return ""
@@ -217,6 +222,7 @@ class StragglerPolicy(AdaptationPolicy):
     def _change(self, sizes):
         self.batches.set(sizes)
         self._streaks = {}
+        self._recent = []
         self._settling = True
 
     def on_adapt_begin(self, values):
@@ -246,6 +252,7 @@ class StragglerPolicy(AdaptationPolicy):
             self._settling = False
             return
         compute = result["compute_time"]
+        self._recent = (self._recent + [(compute, result["step_time"])])[-self.patience:]
         slow = slow_ranks(compute, self.threshold)
         self._streaks = {r: self._streaks.get(r, 0) + 1 for r in slow}
         median = statistics.median(compute)
@@ -254,7 +261,7 @@ class StragglerPolicy(AdaptationPolicy):
         before, after, note = {"median_compute_time": median}, {}, ""
         if flagged and self.batches is not None:
             sizes = self.batches.sizes
-            note = self._rebalance(sizes, compute, result["step_time"])
+            note = self._rebalance(sizes)
             before["batch_sizes"], after["batch_sizes"] = sizes, self.batches.sizes
         for rank, ratio in flagged:
             self.record(
