@@ -25,11 +25,19 @@ each a fresh model of ``--steps`` steps:
   steps from the end of the warm-up to the first event naming rank 1;
 * ``rebalance`` rank 1 slowed 1.5x, ``action="rebalance"``.
 
-Throughput = global samples / wall time over the same window of steps in
-every configuration (``--window``: the last steps of the run, after the
-rebalance has settled); ``rebalance_gain`` = throughput of ``rebalance`` /
-throughput of ``record``, per round; the headline is the median over the
-rounds, with the smallest and largest. Before the rounds, the step time is
+Throughput = global samples / wall time. On a shared machine the load
+moves step times by tens of percent between runs of a minute, so the
+headline compares the two splits *within one run*, finely interleaved:
+``alternate`` (rank 1 slowed 1.5x, no policy) switches every ``--block``
+steps between the equal split and the split the round's ``rebalance`` run
+ended with (``RankBatchSizes``), ``--blocks`` blocks each;
+``rebalance_gain`` = median step time of the equal blocks / median step time
+of the rebalanced blocks (the first step after a switch left out), per
+round; the headline is the median over the rounds, with the smallest and
+largest. ``run_gain`` is the cruder comparison of whole runs: throughput of
+``rebalance`` / throughput of ``record`` over the same window of steps
+(``--window``: the last steps of the run, after the rebalance has
+settled). Before the rounds, the step time is
 measured at per-worker batches batch/2, batch and 3 batch/2 without
 slow-down, to show that the step time grows with the batch (otherwise
 rebalancing cannot help). With an ideal linear step time and no fixed
@@ -57,7 +65,8 @@ def launch(args):
     start = time.perf_counter()
     flags = ["--steps", args.steps, "--window", args.window, "--rounds", args.rounds,
              "--batch", args.batch, "--hidden", args.hidden, "--dim", args.dim,
-             "--interval", args.interval, "--patience", args.patience, "--warmup", args.warmup]
+             "--interval", args.interval, "--patience", args.patience, "--warmup", args.warmup,
+             "--block", args.block, "--blocks", args.blocks]
     result = run_on_workers(__file__, flags, "straggler_bench_")
     report(result, time.perf_counter() - start)
 
@@ -69,9 +78,10 @@ def _spread(values):
 def summarize(result):
     """The JSON line, from the rank-0 result of the workers."""
     runs = result["runs"]
-    gains, detect, false_alarms, healthy_steps = [], [], 0, 0
+    gains, run_gains, detect, false_alarms, healthy_steps = [], [], [], 0, 0
     for rnd in runs:
-        gains.append(rnd["rebalance"]["throughput"] / rnd["record"]["throughput"])
+        gains.append(rnd["alternate"]["equal_step"] / rnd["alternate"]["split_step"])
+        run_gains.append(rnd["rebalance"]["throughput"] / rnd["record"]["throughput"])
         if rnd["record"]["detect_steps"] is not None:
             detect.append(rnd["record"]["detect_steps"])
         false_alarms += len(rnd["healthy"]["events"])
@@ -88,6 +98,11 @@ def summarize(result):
         "met": gain >= TARGET_GAIN,
         "gain_spread": _spread(gains),
         "gains": [round(g, 4) for g in gains],
+        "run_gain": round(statistics.median(run_gains), 4),
+        "run_gains": [round(g, 4) for g in run_gains],
+        "alternated_splits": [rnd["alternate"]["split"] for rnd in runs],
+        "alternated_step_s": [[rnd["alternate"]["equal_step"], rnd["alternate"]["split_step"]]
+                              for rnd in runs],
         "detect_steps_by_round": [rnd["record"]["detect_steps"] for rnd in runs],
         "missed_detections": missed,
         "healthy_steps": healthy_steps,
@@ -119,7 +134,11 @@ def report(result, elapsed):
             detect = "-" if r.get("detect_steps") is None else str(r["detect_steps"])
             print(f"{i:5d} {c:10s} {r['throughput']:10.1f} {r['step_time'] * 1000:8.2f} "
                   f"{len(r['events']):6d} {detect:>6s} {str(r['final_sizes']):>14s}")
+        a = rnd["alternate"]
+        print(f"{i:5d} alternate  equal {a['equal_step'] * 1000:.2f} ms vs {a['split']} "
+              f"{a['split_step'] * 1000:.2f} ms per step (medians of {a['blocks']} blocks each)")
     line = summarize(result)
+    print(f"whole runs: rebalance / record throughput {line['run_gains']}")
     print(f"rebalance_gain {line['rebalance_gain']} (rounds {line['gains']}), target "
           f">= {TARGET_GAIN}: {line['met']}; detect_steps {line['detect_steps_by_round']}; "
           f"false alarms {line['false_alarms']} in {line['healthy_steps']} healthy steps")
@@ -134,6 +153,7 @@ def worker(args):
 
     import keras
     import keras_adapt
+    from keras_adapt.actuators import RankBatchSizes
     from keras_adapt.callbacks import BroadcastGlobalVariablesCallback, WorkerTimingMonitor
     from keras_adapt.data import AdaptiveBatchDataset
     from keras_adapt.monitors.worker_timing import SLOW_RANK_ENV
@@ -158,11 +178,7 @@ def worker(args):
         def on_train_end(self, logs=None):
             self.times.append(time.perf_counter())
 
-    def run(config, steps, batch=args.batch, window=args.window):
-        if config == "healthy":
-            os.environ.pop(SLOW_RANK_ENV, None)
-        else:
-            os.environ[SLOW_RANK_ENV] = SLOW  # read when the train function is traced
+    def build():
         keras.utils.set_random_seed(1)
         model = keras.Sequential([
             keras.Input((args.dim,)),
@@ -170,6 +186,49 @@ def worker(args):
             keras.layers.Dense(args.hidden, activation="relu"),
             keras.layers.Dense(10)])
         model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(1e-4)), "mse")
+        return model
+
+    class Alternate(keras.callbacks.Callback):
+        """Switches between two splits every `block` steps."""
+
+        def __init__(self, batches, splits, block):
+            super().__init__()
+            self.batches, self.splits, self.block, self.step = batches, splits, block, 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.step % self.block == 0:
+                self.batches.set(self.splits[(self.step // self.block) % 2])
+            self.step += 1
+
+    def alternate(split):
+        """Step times of the equal split and `split`, interleaved in one run."""
+        os.environ[SLOW_RANK_ENV] = SLOW
+        model = build()
+        ds = AdaptiveBatchDataset(x, y, micro_batch_size=args.batch, seed=2)
+        equal = [args.batch, args.batch]
+        clock = Clock()
+        # two blocks of warm-up (tracing), then blocks of each split in turn
+        steps = (2 * args.blocks + 2) * args.block
+        model.fit(ds.dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[
+            BroadcastGlobalVariablesCallback(0),
+            Alternate(RankBatchSizes(model, ds), [equal, split], args.block), clock])
+        os.environ.pop(SLOW_RANK_ENV, None)
+        t = clock.times
+        per_block = {0: [], 1: []}
+        for k in range(2, 2 * args.blocks + 2):
+            start, end = k * args.block + 1, (k + 1) * args.block  # the switch step left out
+            per_block[k % 2].append((t[end] - t[start]) / (end - start))
+        return {"split": split, "blocks": args.blocks,
+                "equal_step": statistics.median(per_block[0]),
+                "split_step": statistics.median(per_block[1]),
+                "equal_blocks": per_block[0], "split_blocks": per_block[1]}
+
+    def run(config, steps, batch=args.batch, window=args.window):
+        if config == "healthy":
+            os.environ.pop(SLOW_RANK_ENV, None)
+        else:
+            os.environ[SLOW_RANK_ENV] = SLOW  # read when the train function is traced
+        model = build()
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=batch, seed=2)
         monitor = WorkerTimingMonitor(interval=args.interval)
         policy = StragglerPolicy(
@@ -205,6 +264,7 @@ def worker(args):
     for i in range(args.rounds):
         order = CONFIGS[i % 3:] + CONFIGS[: i % 3]  # rotate, so drifts touch all alike
         rnd = {c: run(c, args.steps) for c in order}
+        rnd["alternate"] = alternate(rnd["rebalance"]["final_sizes"])
         runs.append(rnd)
         if rank == 0:
             print(f"round {i}: " + ", ".join(f"{c} {rnd[c]['throughput']:.0f}/s" for c in CONFIGS),
@@ -212,7 +272,7 @@ def worker(args):
     result = {"runs": runs, "step_time_by_batch": by_batch,
               "settings": {k: getattr(args, k) for k in (
                   "steps", "window", "batch", "hidden", "dim", "interval", "patience",
-                  "warmup")}}
+                  "warmup", "block", "blocks")}}
     result.update(describe_stack(load_before))
     write_result(args.out, rank, result)
 
@@ -230,10 +290,13 @@ def main():
     parser.add_argument("--interval", type=int, default=10, help="timing monitor interval")
     parser.add_argument("--patience", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=3.0, help="policy warm-up (s)")
+    parser.add_argument("--block", type=int, default=10, help="steps per alternated block")
+    parser.add_argument("--blocks", type=int, default=15, help="alternated blocks per split")
     args = parser.parse_args()
     if args.quick and not args.worker:
         args.rounds, args.steps, args.window, args.batch = 1, 80, 30, 64
         args.hidden, args.dim, args.interval, args.patience, args.warmup = 256, 128, 5, 2, 0.3
+        args.block, args.blocks = 5, 3
     worker(args) if args.worker else launch(args)
 
 

@@ -229,7 +229,12 @@ def test_straggler_quick():
     assert line["bench"] == "straggler" and line["rounds"] == 1 and line["global_batch"] == 128
     thr = line["throughput"]
     assert set(thr) == {"healthy", "record", "rebalance"}
-    gain = thr["rebalance"][0] / thr["record"][0]
+    assert line["run_gains"][0] == pytest.approx(thr["rebalance"][0] / thr["record"][0],
+                                                 rel=1e-3)
+    # the headline: the equal split against the policy's split, interleaved in one run
+    equal, split = line["alternated_step_s"][0]
+    gain = equal / split
+    assert line["alternated_splits"][0] == line["final_split"][0]
     assert line["gains"][0] == pytest.approx(gain, rel=1e-3)
     assert line["rebalance_gain"] == line["gains"][0] and line["met"] == (gain >= 1.2)
     assert line["gain_spread"] == [line["gains"][0]] * 2
@@ -244,7 +249,8 @@ def test_straggler_quick():
         assert detect >= 10 and line["detect_steps"] == detect
     assert 0 <= line["healthy_steps"] <= 80
     table = [l.split() for l in proc.stdout.splitlines() if l.split()[:1] == ["0"]]
-    assert [row[1] for row in table] == ["healthy", "record", "rebalance"]
+    assert [row[1] for row in table] == ["healthy", "record", "rebalance", "alternate"]
+    table = table[:3]
     assert [float(row[2]) for row in table] == pytest.approx(
         [thr[c][0] for c in ("healthy", "record", "rebalance")], abs=0.1)
     assert sum(int(row[4]) for row in table[:1]) == line["false_alarms"]
