@@ -16,6 +16,11 @@ every update, and the update is skipped (and counted) when the averaged
 norm is not finite -- on every rank alike, since the check reads
 allreduced values.
 
+Once a straggler rebalance gave the workers unequal micro-batches
+(:mod:`keras_adapt.optimizer.batch_weighting`, enabled before tracing), every
+gradient allreduce carries each worker's batch b_i and yields the
+batch-weighted mean sum_i b_i g_i / B; without it nothing of this is traced.
+
 With accumulation (:mod:`keras_adapt.optimizer.accumulation`) the micro-steps
 add up locally and only the micro-step that completes an update reduces and
 applies.
