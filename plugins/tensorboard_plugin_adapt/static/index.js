@@ -18,6 +18,8 @@ const KIND_COLORS = {
   resume: '#bcbd22',
   sync_strategy: '#17becf',
   straggler: '#d62728',
+  preemption: '#9467bd',
+  checkpoint: '#8c564b',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 
