@@ -148,6 +148,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._steps_since_check = 0
         self._pending_micro = 0
         self._timer = None
+        self._signalled = {}
         self._manager = None
         self._checkpoint = None
         self._meta = None
@@ -261,6 +262,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                              "and batch size")
         histories = []
         run = callbacks + [self]
+        # The stream is shuffled already (Keras would warn that it ignores shuffle).
+        fit_kwargs["shuffle"] = False
         if step > 0 and epoch < epochs:  # the rest of the interrupted epoch
             self._offset = step
             histories.append(model.fit(data.dataset, steps_per_epoch=spe - step,
@@ -449,13 +452,22 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             return
         self._steps_since_check = 0
         if not self.preempted:
-            flags = _hvd.host_allreduce_mean([float(self._requested)], "keras_adapt_preempt")
-            self.preempted = bool(flags[0] > 0.0)
+            self.preempted = self._agree()
         if self.preempted and boundary:
             self.model.stop_training = True
             if self._step_in_epoch < self._steps_per_epoch:
                 self._stop(self._epoch, self._step_in_epoch)
             # else: the epoch's last step; on_epoch_end saves after the epoch-end callbacks
+
+    def _agree(self):
+        """The one collective per check: every rank's signal time (0: none),
+        so all ranks learn at the same step which ranks were signalled, and when."""
+        times = np.zeros(_hvd.size())
+        if self._requested:
+            times[_hvd.rank()] = self._signal_time
+        times = _hvd.host_allreduce_mean(times, "keras_adapt_preempt") * _hvd.size()
+        self._signalled = {r: float(t) for r, t in enumerate(times) if t > 0.0}
+        return bool(self._signalled)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.preempted:
@@ -478,11 +490,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         # A barrier: no rank exits before rank 0's checkpoint is complete.
         _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
         self._saved.set()
-        since = None if self._signal_time is None else time.time() - self._signal_time
+        ranks = sorted(self._signalled)
+        since = time.time() - min(self._signalled.values())
         self.signal_to_disk_s = since
-        by = self._signal or "another worker"
-        self._record("preemption", f"{by}: stopped at epoch {epoch} step {step_in_epoch}, "
-                     "checkpoint written", {},
+        self._record("preemption", f"signal on rank {', '.join(map(str, ranks))}: all ranks "
+                     f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
-                      "signal": self._signal or "", "signal_to_disk_s": since,
+                      "signalled_ranks": ranks, "signal_to_disk_s": since,
                       "exit_code": self.exit_code})
