@@ -280,6 +280,7 @@ def runs(request, tmp_path_factory):
     os.kill(pid, signal.SIGTERM)  # one worker only
     rc, out, err = _finish(proc)
     cut_rc, cut_err = rc, err
+    cut_files = sorted(os.listdir(base / "ck"))
     # The damaged copy: the newest checkpoint truncated, as by a crash mid-copy.
     shutil.copytree(base / "ck", base / "ck_bad")
     rc, out, err = _finish(_launch(base / "resumed", base / "ck", controller))
@@ -290,7 +291,8 @@ def runs(request, tmp_path_factory):
         f.truncate(os.path.getsize(data) - 7)
     rc, out, bad_err = _finish(_launch(base / "fallback", base / "ck_bad", controller))
     assert rc == 0, bad_err[-4000:]
-    return {"base": base, "cut_rc": cut_rc, "cut_err": cut_err, "bad_newest": bad_newest,
+    return {"base": base, "cut_rc": cut_rc, "cut_err": cut_err, "cut_files": cut_files,
+            "bad_newest": bad_newest,
             "bad_err": bad_err}
 
 
@@ -305,7 +307,10 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_with_the_documented_c
     # Each worker exits with EXIT_CODE; horovodrun reports it and exits 1.
     assert runs["cut_rc"] != 0 and f"Exit code: {EXIT_CODE}" in runs["cut_err"]
     step = stop[0]["iterations"]
-    assert os.path.exists(runs["base"] / "ck" / f"ckpt-{step}.index")
+    # On disk when the job ended, listed last (the later runs rotate it out, max_to_keep=2).
+    assert runs["cut_files"] == ["checkpoint", "ckpt-40.data-00000-of-00001", "ckpt-40.index",
+                                 f"ckpt-{step}.data-00000-of-00001", f"ckpt-{step}.index"]
+    assert runs["bad_newest"] == str(runs["base"] / "ck_bad" / f"ckpt-{step}")
     cut_events = events.read_events(str(runs["base"] / "cut"))
     assert [e["kind"] for e in cut_events] == ["checkpoint", "preemption"]
     pre = cut_events[-1]
