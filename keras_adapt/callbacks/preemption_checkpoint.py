@@ -48,14 +48,39 @@ def _policies(callbacks):
             and callable(getattr(cb, "set_state", None))]
 
 
+def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
+    """Steps between two agreements on the stop flag under
+    ``check_interval="auto"``: the fewest that keep one agreement of
+    ``check_s`` seconds under ``overhead`` of the step time ``step_s``,
+    capped so that the steps between two agreements take at most a quarter
+    of ``deadline_s`` (at least 1 step; 1000 without a deadline).
+
+    Example (an agreement of 5 ms, steps of 7 ms and of 1 s, 25 s deadline):
+
+    >>> from keras_adapt.callbacks.preemption_checkpoint import auto_check_interval
+    >>> auto_check_interval(0.005, 0.007, 25.0), auto_check_interval(0.005, 1.0, 25.0)
+    (72, 1)
+    >>> auto_check_interval(0.005, 0.001, 2.0)   # capped: 500 steps = 0.5 s
+    500
+    """
+    wanted = int(np.ceil(check_s / (overhead * step_s))) if step_s > 0 else 1
+    cap = 1000 if deadline_s is None else int(0.25 * deadline_s / step_s) if step_s > 0 else 1
+    return max(1, min(wanted, cap))
+
+
 class PreemptionCheckpoint(keras.callbacks.Callback):
     """Checkpoints on SIGTERM / SIGINT with every worker stopped at the same
     step, and resumes a rerun of the same command at that very step.
 
     A signal on any rank only sets a flag. Every ``check_interval`` steps the
-    workers OR the flags together (one tiny allreduce of one number, from
-    the host, at the end of the step), so all of them see the request at
-    the same step; at the next optimizer-update boundary (never in the
+    workers OR the flags together (one tiny allreduce of one number per
+    worker, from the host, at the end of the step), so all of them see the
+    request at the same step. By default (``"auto"``) the interval follows
+    the measured cost: each agreement also averages the workers' step time
+    and agreement time, and the next interval is the smallest that keeps
+    the agreements under 1% of the step time, capped so that the steps
+    between two agreements take at most a quarter of ``deadline_s``
+    (:func:`auto_check_interval`; the same on every rank); at the next optimizer-update boundary (never in the
     middle of an accumulation) rank 0 writes a checkpoint with
     ``tf.train.CheckpointManager``, every rank waits until it is on disk,
     and the process exits with ``exit_code``. The checkpoint holds the model,
@@ -88,8 +113,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             (:attr:`preempted` is then True).
         save_freq: ``"epoch"`` (a checkpoint at each epoch end), an int (every
             that many optimizer updates) or None (on preemption only).
-        check_interval: steps between the agreements on the flag (1: every
-            step; the stop then loses no step).
+        check_interval: steps between the agreements on the flag: an int
+            (1: every step, the stop comes at the step in flight), or
+            ``"auto"`` (see above). Steps run after a signal are not lost:
+            they are in the checkpoint.
         log_dir: directory of ``adapt_events.jsonl``; None keeps the events in
             memory (:attr:`events`) and listeners.
 
@@ -107,7 +134,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     """
 
     def __init__(self, directory, max_to_keep=2, deadline_s=25.0, exit_code=EXIT_CODE,
-                 save_freq="epoch", check_interval=1, log_dir=None):
+                 save_freq="epoch", check_interval="auto", log_dir=None):
         super().__init__()
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path, got {directory!r}")
@@ -122,7 +149,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if save_freq != "epoch" and save_freq is not None:
             _check_number("save_freq", save_freq, 1, integer=True)
         self.save_freq = save_freq
-        self.check_interval = _check_number("check_interval", check_interval, 1, integer=True)
+        if check_interval != "auto":
+            _check_number("check_interval", check_interval, 1, integer=True)
+        self.check_interval = check_interval
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
@@ -146,6 +175,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._step_in_epoch = 0
         self._steps_per_epoch = 0
         self._steps_since_check = 0
+        self._interval = 1  # steps to the next agreement
+        self._last_end = None  # perf_counter at the last step end
+        self._step_seconds = []  # this rank's step times since the last agreement
+        self._check_seconds = 0.0  # this rank's time in the last agreement
         self._pending_micro = 0
         self._timer = None
         self._signalled = {}
@@ -415,6 +448,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._requested = False
         self._saved.clear()
         self._steps_since_check = 0
+        self._interval = 1 if self.check_interval == "auto" else self.check_interval
+        self._last_end = None
+        self._step_seconds = []
         acc = self.model.optimizer.adapt_state.accumulation
         self._pending_micro = 0 if acc is None else int(acc.count.numpy())
         self._install_handlers()
@@ -443,16 +479,21 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         return False
 
     def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self._step_seconds.append(now - self._last_end)
+        self._last_end = now
         self._step_in_epoch += 1
         boundary = self._completes_update()
         self._steps_since_check += 1
         if boundary and isinstance(self.save_freq, int) and self._step() % self.save_freq == 0:
             self._periodic(self._epoch, self._step_in_epoch)
-        if self._steps_since_check < self.check_interval and not self.preempted:
+        if self._steps_since_check < self._interval and not self.preempted:
             return
         self._steps_since_check = 0
         if not self.preempted:
             self.preempted = self._agree()
+        self._last_end = time.perf_counter()  # the agreement is not step time
         if self.preempted and boundary:
             self.model.stop_training = True
             if self._step_in_epoch < self._steps_per_epoch:
@@ -461,12 +502,22 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
 
     def _agree(self):
         """The one collective per check: every rank's signal time (0: none),
-        so all ranks learn at the same step which ranks were signalled, and when."""
-        times = np.zeros(_hvd.size())
+        so all ranks learn at the same step which ranks were signalled, and
+        when; with ``check_interval="auto"`` also the step and agreement
+        times, from which every rank computes the same next interval."""
+        size = _hvd.size()
+        values = np.zeros(size + 2)
         if self._requested:
-            times[_hvd.rank()] = self._signal_time
-        times = _hvd.host_allreduce_mean(times, "keras_adapt_preempt") * _hvd.size()
-        self._signalled = {r: float(t) for r, t in enumerate(times) if t > 0.0}
+            values[_hvd.rank()] = self._signal_time * size
+        values[size] = float(np.median(self._step_seconds)) if self._step_seconds else 0.0
+        values[size + 1] = self._check_seconds
+        start = time.perf_counter()
+        values = _hvd.host_allreduce_mean(values, "keras_adapt_preempt")
+        self._check_seconds = time.perf_counter() - start
+        self._step_seconds = []
+        self._signalled = {r: float(t) for r, t in enumerate(values[:size]) if t > 0.0}
+        if self.check_interval == "auto" and values[size] > 0.0:
+            self._interval = auto_check_interval(values[size + 1], values[size], self.deadline_s)
         return bool(self._signalled)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -497,4 +548,5 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                      f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
                       "signalled_ranks": ranks, "signal_to_disk_s": since,
+                      "check_interval": self._interval,
                       "exit_code": self.exit_code})

@@ -158,15 +158,19 @@ class AdaptiveBatchDataset:
         """
         return {"produced": self.produced, "samples": self.samples, "pass": self._pass,
                 "cursor": self._cursor, "started": self._order is not None,
-                "micro_batch_size": self._micro_batch_size, "num_samples": self.num_samples,
+                "micro_batch_size": self._micro_batch_size,
+                "initial_micro_batch_size": self.initial_micro_batch_size,
+                "num_samples": self.num_samples,
                 "num_workers": self.num_workers, "seed": self.seed, "shuffle": self.shuffle}
 
     def set_state(self, state):
         """Continues from a position saved by :meth:`get_state`; the data,
-        the number of workers, the seed and the shuffling must be those of
+        the number of workers, the seed, the shuffling and the initial
+        micro-batch size (which sets ``steps_per_epoch``) must be those of
         the saved stream (a ``ValueError`` names the one that differs)."""
         for key, now in (("num_samples", self.num_samples), ("num_workers", self.num_workers),
-                         ("seed", self.seed), ("shuffle", self.shuffle)):
+                         ("seed", self.seed), ("shuffle", self.shuffle),
+                         ("initial_micro_batch_size", self.initial_micro_batch_size)):
             if state.get(key) != now:
                 raise ValueError(
                     f"the saved data position was taken with {key}={state.get(key)!r}, this "
