@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_adapt import _hvd, _keras, events
+from keras_adapt import _hvd, events
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import require_distributed
 
@@ -169,7 +169,6 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._dataset = None
         self._policy_list = []
         self._pending = None  # (path, meta) of the checkpoint to restore at set_model
-        self._restored = False
         self._epoch = 0
         self._offset = 0  # steps of the current epoch done before this fit began
         self._step_in_epoch = 0
@@ -365,14 +364,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
 
     def _host_state(self, epoch, step_in_epoch):
         sync = self.model.optimizer.adapt_state.sync
-        from keras_adapt.sync.state import STRATEGIES
-
-        names = {cls: name for name, cls in STRATEGIES.items()}
         return {
             "epoch": int(epoch), "step_in_epoch": int(step_in_epoch),
             "step": self._step(), "workers": _hvd.size(), "wall_time": time.time(),
             "sync": {"name": type(sync.strategy).__name__,
-                     "strategy": names[type(sync.strategy)], "params": sync.strategy.params()},
+                     "strategy": sync.strategy.name, "params": sync.strategy.params()},
             "data": None if self._dataset is None else self._dataset.get_state(),
             "policies": [{"class": type(p).__name__, "state": p.get_state()}
                          for p in self._policy_list],
@@ -438,7 +434,6 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             (path, meta), self._pending = self._pending, None
             self._epoch = meta["epoch"]
             self._restore(path, meta)
-            self._restored = True
 
     def on_train_begin(self, logs=None):
         if self._dataset is None:
