@@ -151,15 +151,30 @@ def test_policy_and_accumulation_state_survive_a_preemption(tmp_path):
         data = keras_adapt.data.AdaptiveBatchDataset(x, y, micro_batch_size=4, seed=data_seed)
         policy = ScheduledBatchSizePolicy({1: 8, 2: 12}, dataset=data, micro_batch_size=4,
                                           max_micro_batch_size=4)
-        ckpt = PreemptionCheckpoint(ckdir, exit_code=None)
+        ckpt = PreemptionCheckpoint(ckdir, exit_code=None, check_interval=1)
         ckpt.fit(model, data, epochs=3, verbose=0, callbacks=[policy, *callbacks])
         return model, policy, ckpt
 
+    class SignalMidAccumulation(keras.callbacks.Callback):
+        """SIGTERM after the first micro-step of an update (k = 3) from update 38 on."""
+
+        at = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            acc = self.model.optimizer.adapt_state.accumulation
+            it = int(self.model.optimizer.iterations.numpy())
+            if self.at is None and it >= 38 and int(acc.count.numpy()) == 1:
+                self.at = it
+                os.kill(os.getpid(), signal.SIGTERM)
+
     full, full_policy, _ = run([], tmp_path / "full")
-    model, policy, ckpt = run([_SignalAt(40)], tmp_path / "ck")
+    signal_cb = SignalMidAccumulation()
+    model, policy, ckpt = run([signal_cb], tmp_path / "ck")
     assert ckpt.preempted
     acc = model.optimizer.adapt_state.accumulation
-    assert acc.steps_value == 3 and int(acc.count.numpy()) == 0  # stopped at an update boundary
+    # The stop waited for the end of the update in progress: 2 more micro-steps.
+    assert acc.steps_value == 3 and int(acc.count.numpy()) == 0
+    assert int(model.optimizer.iterations.numpy()) == signal_cb.at + 1
     resumed, resumed_policy, _ = run([], tmp_path / "ck")
     assert resumed.optimizer.adapt_state.accumulation.steps_value == 3
     assert resumed_policy.get_state() == full_policy.get_state()

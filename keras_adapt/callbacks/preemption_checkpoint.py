@@ -1,5 +1,6 @@
 """PreemptionCheckpoint: stop every worker at the same step on SIGTERM, checkpoint, resume there."""
 
+import collections
 import json
 import os
 import signal
@@ -76,8 +77,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     workers OR the flags together (one tiny allreduce of one number per
     worker, from the host, at the end of the step), so all of them see the
     request at the same step. By default (``"auto"``) the interval follows
-    the measured cost: each agreement also averages the workers' step time
-    and agreement time, and the next interval is the smallest that keeps
+    the measured cost: each agreement also averages the workers' median step
+    time and agreement time (the shortest of their last 8 agreements: a
+    longer one mostly waited for a slower worker), and the next interval is the smallest that keeps
     the agreements under 1% of the step time, capped so that the steps
     between two agreements take at most a quarter of ``deadline_s``
     (:func:`auto_check_interval`; the same on every rank); at the next optimizer-update boundary (never in the
@@ -177,7 +179,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._interval = 1  # steps to the next agreement
         self._last_end = None  # perf_counter at the last step end
         self._step_seconds = []  # this rank's step times since the last agreement
-        self._check_seconds = 0.0  # this rank's time in the last agreement
+        # This rank's time in its last agreements: their minimum is the
+        # cost; a longer one mostly waited for a slower rank.
+        self._check_seconds = collections.deque(maxlen=8)
         self._pending_micro = 0
         self._timer = None
         self._signalled = {}
@@ -505,10 +509,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if self._requested:
             values[_hvd.rank()] = self._signal_time * size
         values[size] = float(np.median(self._step_seconds)) if self._step_seconds else 0.0
-        values[size + 1] = self._check_seconds
+        values[size + 1] = min(self._check_seconds, default=0.0)
         start = time.perf_counter()
         values = _hvd.host_allreduce_mean(values, "keras_adapt_preempt")
-        self._check_seconds = time.perf_counter() - start
+        self._check_seconds.append(time.perf_counter() - start)
         self._step_seconds = []
         self._signalled = {r: float(t) for r, t in enumerate(values[:size]) if t > 0.0}
         if self.check_interval == "auto" and values[size] > 0.0:
