@@ -161,7 +161,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self.preempted = False
         #: Every event this callback recorded, in order.
         self.events = []
-        #: Seconds from the signal to the checkpoint on disk (rank 0; None before).
+        #: Seconds from the first signal (on any rank) to the checkpoint on
+        #: disk, on every rank (None before a preemption).
         self.signal_to_disk_s = None
         self._requested = False
         self._signal = None
@@ -284,6 +285,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             data = AdaptiveBatchDataset(x, y, micro_batch_size=batch_size, shuffle=shuffle,
                                         seed=seed)
         require_distributed(model, type(self).__name__)
+        self.preempted, self.signal_to_disk_s = False, None
         self._dataset = data
         callbacks = list(callbacks)
         self._policy_list = _policies(callbacks)
