@@ -536,18 +536,18 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                       "checkpoint": path or ""})
 
     def _stop(self, epoch, step_in_epoch):
-        """Writes the preemption checkpoint (rank 0), waits until it is on disk
-        on every rank, records the ``preemption`` event."""
+        """Writes the preemption checkpoint and the ``preemption`` event (rank
+        0), then waits until every rank is there: no rank exits (which makes
+        horovodrun end the job) before both are on disk."""
         path = self._save(epoch, step_in_epoch)
-        # A barrier: no rank exits before rank 0's checkpoint is complete.
-        _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
-        self._saved.set()
         ranks = sorted(self._signalled)
         since = time.time() - min(self._signalled.values())
-        self.signal_to_disk_s = since
         self._record("preemption", f"signal on rank {', '.join(map(str, ranks))}: all ranks "
                      f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
                       "signalled_ranks": ranks, "signal_to_disk_s": since,
                       "check_interval": self._interval,
                       "exit_code": self.exit_code})
+        _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
+        self._saved.set()
+        self.signal_to_disk_s = time.time() - min(self._signalled.values())
