@@ -82,7 +82,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     longer one mostly waited for a slower worker), and the next interval is the smallest that keeps
     the agreements under 1% of the step time, capped so that the steps
     between two agreements take at most a quarter of ``deadline_s``
-    (:func:`auto_check_interval`; the same on every rank); at the next optimizer-update boundary (never in the
+    (:func:`auto_check_interval`; the same on every rank), and at most twice
+    the previous interval; at the next optimizer-update boundary (never in the
     middle of an accumulation) rank 0 writes a checkpoint with
     ``tf.train.CheckpointManager``, every rank waits until it is on disk,
     and the process exits with ``exit_code``. The checkpoint holds the model,
@@ -518,7 +519,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._step_seconds = []
         self._signalled = {r: float(t) for r, t in enumerate(values[:size]) if t > 0.0}
         if self.check_interval == "auto" and values[size] > 0.0:
-            self._interval = auto_check_interval(values[size + 1], values[size], self.deadline_s)
+            # At most twice the last interval: one slow early agreement (a
+            # rank still tracing) must not space the next ones by seconds.
+            self._interval = min(2 * self._interval, auto_check_interval(
+                values[size + 1], values[size], self.deadline_s))
         return bool(self._signalled)
 
     def on_epoch_end(self, epoch, logs=None):
