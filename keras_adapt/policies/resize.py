@@ -235,7 +235,9 @@ class ThroughputScalingPolicy(ResizePolicy):
         self._counted_workers = None
         self._skip = 0
         self._proposal = None  # (target, streak)
-        self._config = None  # (b, k) of the latest measurement
+        #: ``(b, k)`` of the latest measurement: the per-worker micro-batch
+        #: and micro-steps per update the model predicts the next count at.
+        self.configuration = None
 
     def measured(self):
         """``{workers: T}``: the median kept throughput per worker count."""
@@ -243,9 +245,9 @@ class ThroughputScalingPolicy(ResizePolicy):
 
     def _predicted(self, workers):
         """The model's throughput at ``workers``, or None without a determined prediction."""
-        if self.throughput_model is None or self._config is None:
+        if self.throughput_model is None or self.configuration is None:
             return None
-        b, k = self._config
+        b, k = self.configuration
         try:
             prediction = self.throughput_model.predict_throughput(b, workers=workers, accumulation=k)
         except (RuntimeError, ValueError):
@@ -337,7 +339,7 @@ class ThroughputScalingPolicy(ResizePolicy):
             return
         acc = self._accumulation()
         b = max(1, round(throughput * step_time / workers))
-        self._config = (b, acc)
+        self.configuration = (b, acc)
         self.throughput_model.observe(b, step_time * acc, workers=workers, accumulation=acc)
 
     def _accumulation(self):
@@ -390,8 +392,9 @@ class GNSWorkerScalingPolicy(ResizePolicy):
     * nothing otherwise, or while the statistics cover fewer than
       ``warmup_updates`` updates, or when the noise scale is not finite.
 
-    A proposal must come ``patience`` checks in a row before it is
-    requested. The noise scale is allreduced in the train step, so every
+    A proposal must come from ``patience`` new measurements of the
+    statistics in a row before it is requested (a check that finds no new
+    measurement counts for nothing). The noise scale is allreduced in the train step, so every
     rank proposes the same count at the same update.
 
     Args:
@@ -400,7 +403,8 @@ class GNSWorkerScalingPolicy(ResizePolicy):
             global batch of the last measured update, from the gradient
             statistics, divided by the worker count).
         hysteresis: relative dead band (>= 0).
-        patience: consecutive identical proposals before a request (>= 1).
+        patience: consecutive measurements proposing the same count before
+            a request (>= 1).
         warmup_updates: updates the statistics must cover first (>= 0).
         allow_decrease: also remove workers when the noise scale falls.
         target_file, min_change_interval, interval, log_dir, verbose: see
@@ -434,6 +438,7 @@ class GNSWorkerScalingPolicy(ResizePolicy):
             raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
         self.allow_decrease = allow_decrease
         self._proposal = None  # (target, streak)
+        self._measurement = None  # the statistics' measurement count at the last check
         self._global_batch = math.nan
 
     def measurements(self, result=None):
@@ -467,6 +472,9 @@ class GNSWorkerScalingPolicy(ResizePolicy):
         self._proposal = None
 
     def adapt(self, step, values):
+        if values.get("updates") == self._measurement:
+            return  # no new measurement since the last check: patience counts measurements
+        self._measurement = values.get("updates")
         workers = self.workers
         proposal = None
         if values.get("covered_updates", 0) >= self.warmup_updates:
