@@ -328,3 +328,63 @@ def test_fit_asks_for_the_workers_the_noise_scale_needs(tmp_path):
         assert e["after"]["gns"] == pytest.approx(gns, rel=1e-12)
         assert e["after"]["per_worker_batch"] == 32.0
     assert events.read_events(str(tmp_path / "l")) == policy.events
+
+
+def test_a_new_worker_with_restored_state_decides_as_the_others(tmp_path):
+    """After an elastic reset the continuing worker keeps its policy object and
+    a new worker builds a fresh one and restores the state: fed the same
+    measurements from the restart on, both make the same requests."""
+    members = Membership(1)
+    cls = _with_workers(ThroughputScalingPolicy, members)
+    old_monitor, new_monitor = Scripted(), Scripted()
+    old = _attach(cls(1, 3, old_monitor, warmup_measurements=1, patience=2,
+                      target_file=str(tmp_path / "t_old")))
+    old.on_adapt_begin({})
+    for value in (90.0, 100.0, 100.0):   # warm-up, then a request for 2
+        old_monitor.push(value)
+        old.adapt(old.step, {})
+    assert [e["after"]["target_workers"] for e in old.events] == [2]
+    members.n = 2   # the reset: the new worker joins with the state
+    new = _attach(cls(1, 3, new_monitor, warmup_measurements=1, patience=2,
+                      target_file=str(tmp_path / "t_new")))
+    new.restore(json.loads(json.dumps(old.get_state())))
+    for policy in (old, new):
+        policy.on_adapt_begin({})
+    for value in (150.0, 170.0, 171.0, 172.0):   # 70 per added worker < 80: back to 1
+        for monitor, policy in ((old_monitor, old), (new_monitor, new)):
+            monitor.push(value)
+            policy.adapt(policy.step, {})
+    assert [e["after"]["target_workers"] for e in old.events[1:]] == [1]
+    assert [(e["step"], e["before"], e["after"]) for e in new.events] == \
+        [(e["step"], e["before"], e["after"]) for e in old.events[1:]]
+
+
+def test_gns_policy_of_a_new_worker_counts_the_same_measurements(tmp_path):
+    """The statistics' measurement present when training restarts counts for
+    neither the continuing worker nor the new one, so patience runs alike."""
+    members = Membership(2)
+    cls = _with_workers(GNSWorkerScalingPolicy, members)
+    kwargs = dict(per_worker_batch=16, patience=2, warmup_updates=0,
+                  target_file=str(tmp_path / "t"))
+    old = _attach(cls(1, 8, **kwargs))
+    old.on_adapt_begin({"updates": 0})
+    stats = {"covered_updates": 100}
+    old.adapt(0, {**stats, "updates": 1, "gns": 20.0})   # 1.25 workers: nothing
+    old.adapt(0, {**stats, "updates": 2, "gns": 90.0})   # 5.6: proposal 6, 1 of 2
+    new = _attach(cls(1, 8, **kwargs))
+    new.restore(json.loads(json.dumps(old.get_state())))
+    for policy in (old, new):
+        policy.on_adapt_begin({"updates": 2})   # the reset, at measurement 2
+    counts = []
+    for updates in (2, 3, 4):
+        for policy in (old, new):
+            policy.adapt(0, {**stats, "updates": updates, "gns": 90.0})
+        counts.append((updates, len(old.events), len(new.events)))
+    # Old: 2 was already counted, 3 is the 2nd in a row. New: 2 is not
+    # counted (it was there at the restart), but the restored proposal isn't
+    # either: both reset their streak at the restart, so both request at 4.
+    assert counts == [(2, 0, 0), (3, 0, 0), (4, 1, 1)]
+    assert [e["after"]["target_workers"] for e in old.events] == [6]
+    assert [(e["before"], e["after"]) for e in new.events] == \
+        [(e["before"], e["after"]) for e in old.events]
+    assert old.events[0]["after"]["gns"] == 90.0

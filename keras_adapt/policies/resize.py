@@ -290,7 +290,10 @@ class ThroughputScalingPolicy(ResizePolicy):
         return up, f"{up} workers not measured yet ({workers} give {now:.4g} samples/s)"
 
     def on_adapt_begin(self, values):
+        # Only measurements made in this fit count: after an elastic reset a
+        # new worker (fresh policy, restored state) and the others agree.
         self._proposal = None
+        self._seen = self.monitor.measurements
 
     def adapt(self, step, values):
         self._check_measurement()
@@ -469,7 +472,11 @@ class GNSWorkerScalingPolicy(ResizePolicy):
         return None
 
     def on_adapt_begin(self, values):
+        # The measurement already there when training (re)starts does not
+        # count: after an elastic reset a new worker (fresh policy, restored
+        # state and statistics) and the others count the same measurements.
         self._proposal = None
+        self._measurement = values.get("updates")
 
     def adapt(self, step, values):
         if values.get("updates") == self._measurement:
