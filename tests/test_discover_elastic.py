@@ -1,8 +1,10 @@
 """``keras-adapt discover`` driving Horovod Elastic for real: a worker asks for
 another count through ``WorkerTarget`` and ``horovodrun`` changes the membership."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -31,12 +33,16 @@ def _elastic_run(tmp_path, start, request):
            "--host-discovery-script", str(script), "--network-interface", "lo", "--gloo",
            sys.executable, os.path.join(WORKERS, "elastic_target_checks.py"),
            "--out", str(tmp_path), "--request", str(request)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"elastic run timed out\n{exc.stdout}\n{exc.stderr}")
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)   # the whole job, workers included
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"elastic run timed out after 240 s\n{stdout[-6000:]}\n{stderr[-6000:]}")
+    assert proc.returncode == 0, stdout[-6000:] + stderr[-6000:]
     with open(tmp_path / "sizes.json") as f:
         return json.load(f), discover.read_target(target)
 
