@@ -196,7 +196,7 @@ def test_bad_arguments_name_the_value_and_the_fix(tmp_path, monkeypatch):
         ResizePolicy(3, 2)
     with pytest.raises(ValueError, match="min_workers=0 is not valid"):
         ResizePolicy(0, 2)
-    with pytest.raises(ValueError, match=r"efficiency=1.5 is not valid; use a fraction in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"efficiency=1.5 is not valid; use a fraction in \(0, 1"):
         ThroughputScalingPolicy(1, 2, Scripted(), efficiency=1.5)
     with pytest.raises(TypeError, match="pass the WorkerTimingMonitor"):
         ThroughputScalingPolicy(1, 2, object())

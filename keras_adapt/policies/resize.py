@@ -203,8 +203,8 @@ class ThroughputScalingPolicy(ResizePolicy):
     """
 
     def __init__(self, min_workers, max_workers, monitor, efficiency=0.8, warmup_measurements=1,
-                 patience=2, window=8, throughput_model=None, target_file=None, min_change_interval=0,
-                 interval=None, log_dir=None, verbose=0):
+                 patience=2, window=8, throughput_model=None, target_file=None,
+                 min_change_interval=0, interval=None, log_dir=None, verbose=0):
         if not (callable(getattr(monitor, "result", None)) and hasattr(monitor, "measurements")):
             raise TypeError(
                 f"monitor={monitor!r} is not valid; pass the WorkerTimingMonitor of the same "
@@ -249,7 +249,8 @@ class ThroughputScalingPolicy(ResizePolicy):
             return None
         b, k = self.configuration
         try:
-            prediction = self.throughput_model.predict_throughput(b, workers=workers, accumulation=k)
+            prediction = self.throughput_model.predict_throughput(b, workers=workers,
+                                                                  accumulation=k)
         except (RuntimeError, ValueError):
             return None
         return prediction.value if prediction.determined else None

@@ -61,8 +61,9 @@ def portable(policy):
 # -- throughput -----------------------------------------------------------------
 model = build(0.05, stats=False)
 monitor = WorkerTimingMonitor(interval=5, batch_size=16)
+target = os.path.join(args.out, f"throughput_target_rank{rank}")
 policy = ThroughputScalingPolicy(1, 3, monitor, warmup_measurements=1, patience=2,
-                                 target_file=os.path.join(args.out, f"throughput_target_rank{rank}"),
+                                 target_file=target,
                                  log_dir=os.path.join(args.out, "throughput_logs"))
 x, y = data(2 * 16 * 30, 0)
 logged = LoggedThroughput()
