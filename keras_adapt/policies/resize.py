@@ -288,7 +288,7 @@ class ThroughputScalingPolicy(ResizePolicy):
                             f"{predicted - now:.4g} samples/s >= {self.efficiency:g} x "
                             f"{now / workers:.4g}")
             return None
-        return up, f"{up} workers not measured yet ({workers} give {now:.4g} samples/s)"
+        return up, f"{up} workers not measured yet (at {workers}: {now:.4g} samples/s)"
 
     def on_adapt_begin(self, values):
         # Only measurements made in this fit count: after an elastic reset a
