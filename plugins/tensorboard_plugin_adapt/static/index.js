@@ -15,6 +15,7 @@ const MAX_POINTS = 800;
 const KIND_COLORS = {
   batch_size: '#1f77b4',
   lr: '#ff7f0e',
+  resize: '#2ca02c',
   resume: '#bcbd22',
   sync_strategy: '#17becf',
   straggler: '#d62728',
