@@ -211,6 +211,13 @@ def test_dataset_per_rank_slices_are_disjoint_and_continue_the_pass():
     second = np.random.default_rng((9, 1)).permutation(n)[:102]
     assert flat[78:78 + 102] == second.tolist()
     assert ds[0].passes == pytest.approx((24 + 40 * 9) / 102)
+    # a saved position continues the blocks
+    copy = AdaptiveBatchDataset(np.arange(n, dtype=np.float32), micro_batch_size=4,
+                                num_workers=workers, rank=1, seed=9)
+    copy.set_state(ds[1].get_state())
+    assert copy.rank_micro_batch_sizes == [6, 2, 1] and copy.passes == ds[1].passes
+    assert [copy.next_indices().tolist() for _ in range(30)] == \
+        [ds[1].next_indices().tolist() for _ in range(30)]
     ds[0].micro_batch_size = 5  # an equal size again: every rank takes 5
     assert ds[0].rank_micro_batch_sizes == [5, 5, 5]
     for bad in ([1, 2], [0, 1, 1], [1.5, 1, 1], "abc"):

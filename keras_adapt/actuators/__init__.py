@@ -10,6 +10,8 @@ same way on every rank:
 * :class:`GlobalBatchSize` -- the global batch ``workers x micro-batch x k``,
   using the two above and, when given, an
   :class:`keras_adapt.data.AdaptiveBatchDataset` for the micro-batch;
+* :class:`WorkerTarget` -- the worker count the job asks for, written to the
+  target file that ``keras-adapt discover`` reads (rank 0 writes);
 * :class:`RankBatchSizes` -- a micro-batch per worker (straggler
   rebalance), the update still the mean gradient of the global batch.
 """
@@ -18,5 +20,7 @@ from keras_adapt.actuators.batch_size import GlobalBatchSize
 from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
 from keras_adapt.actuators.learning_rate import LearningRateScale
 from keras_adapt.actuators.rank_batch_sizes import RankBatchSizes
+from keras_adapt.actuators.workers import WorkerTarget
 
-__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale", "RankBatchSizes"]
+__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale", "RankBatchSizes",
+           "WorkerTarget"]
