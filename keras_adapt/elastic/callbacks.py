@@ -87,12 +87,12 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> import keras, keras_adapt
+    >>> import keras, keras_adapt, numpy as np
     >>> from keras_adapt.elastic import KerasState, UpdateBatchStateCallback
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
     >>> state = KerasState(model)
-    >>> _ = model.fit(keras.ops.ones((8, 3)), keras.ops.ones((8, 1)), batch_size=2, verbose=0,
+    >>> _ = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, verbose=0,
     ...               callbacks=[UpdateBatchStateCallback(state)])
     >>> state.batch   # four steps, then the epoch ended
     0
@@ -128,12 +128,12 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> import keras, keras_adapt
+    >>> import keras, keras_adapt, numpy as np
     >>> from keras_adapt.elastic import KerasState, UpdateEpochStateCallback
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
     >>> state = KerasState(model, epoch=2)
-    >>> _ = model.fit(keras.ops.ones((4, 3)), keras.ops.ones((4, 1)), initial_epoch=state.epoch,
+    >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), initial_epoch=state.epoch,
     ...               epochs=5, verbose=0, callbacks=[UpdateEpochStateCallback(state)])
     >>> state.epoch
     5
