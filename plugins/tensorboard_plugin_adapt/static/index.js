@@ -18,6 +18,7 @@ const KIND_COLORS = {
   resume: '#bcbd22',
   sync_strategy: '#17becf',
   straggler: '#d62728',
+  resize: '#9467bd',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 
