@@ -195,6 +195,10 @@ class KerasState(ObjectState):
         state and the policies' by one object broadcast, then the weights and
         the optimizer's variables by tensor broadcasts."""
         mine = _signature(self._tensors())
+        # Broadcast the state as it is now, not as last committed: a reset
+        # has just applied the resize rule (the learning-rate factor).
+        self._snapshot_host()
+        super().save()
         super().sync()
         if self.signature != mine:
             raise ValueError(
