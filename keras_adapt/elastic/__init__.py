@@ -15,7 +15,6 @@ Example:
 """
 
 from keras_adapt.elastic.callbacks import (
-    DEFAULT_BATCHES_PER_COMMIT,
     CommitStateCallback,
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
@@ -26,7 +25,6 @@ from keras_adapt.elastic.run import is_collective_failure, run
 from keras_adapt.elastic.state import KerasState
 
 __all__ = [
-    "DEFAULT_BATCHES_PER_COMMIT",
     "CommitStateCallback",
     "KerasState",
     "ResizeRule",

@@ -34,7 +34,9 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
         epochs: the epoch to train to (as in ``model.fit``).
         steps_per_epoch: steps in an epoch.
         callbacks: more Keras callbacks.
-        **kwargs: passed to ``model.fit`` (``verbose``, ``validation_data``...).
+        **kwargs: passed to ``model.fit`` (``verbose``, ``validation_data``...);
+            ``shuffle`` is False unless given (shuffle in ``data`` instead,
+            seeded by the epoch, so every worker count sees the same order).
 
     Example:
 
@@ -62,6 +64,8 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
             f"state.batch={state.batch} but an epoch has steps_per_epoch={steps_per_epoch} "
             "steps; use the steps_per_epoch the state was committed with"
         )
+    # The data starts at the committed position: shuffling it would lose that.
+    kwargs.setdefault("shuffle", False)
     callbacks = list(callbacks)
     for cls in (UpdateBatchStateCallback, UpdateEpochStateCallback, CommitStateCallback):
         if not any(isinstance(c, cls) for c in callbacks):

@@ -41,7 +41,7 @@ parser.add_argument("--global-batch", type=int, default=32)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--steps", type=int, default=30)
-parser.add_argument("--commit", type=int, default=4)
+parser.add_argument("--commit", default="4", help="steps between commits, or auto")
 parser.add_argument("--sleep", type=float, default=0.04)
 parser.add_argument("--lr", type=float, default=0.02)
 parser.add_argument("--actions", default="[]")
@@ -125,7 +125,8 @@ if args.reference:
 
 state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir)
 recorder = Recorder(state)
-commit = elastic.CommitStateCallback(state, batches_per_commit=args.commit)
+commit = elastic.CommitStateCallback(
+    state, batches_per_commit=args.commit if args.commit == "auto" else int(args.commit))
 # Horovod's example order (commit first): the commit must still see the step.
 callbacks = [commit, elastic.UpdateBatchStateCallback(state),
              elastic.UpdateEpochStateCallback(state), GradientStatsMonitor(interval=5), recorder]
@@ -157,7 +158,8 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "optimizer": [np.asarray(v).tolist() for v in
                      keras_adapt.optimizer.optimizer_variables(model.optimizer)],
        "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
-       "commits": commit.commits, "lr": state.lr, "batch_size": state.batch_size,
+       "commits": commit.commits, "commit_seconds": commit.commit_seconds,
+       "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
 with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
     json.dump(out, f)
