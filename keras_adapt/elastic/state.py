@@ -238,10 +238,12 @@ class KerasState(ObjectState):
         """Marks the end of a training step (called by the elastic callbacks).
 
         The first step that ends after a reset records the ``resize`` event:
-        workers before and after, the pause (from the end of the last step
-        before the change to the end of this one: the training time the
-        change cost, the new trace included) and what was rescaled. Returns
-        that event, else None.
+        workers before and after, the pause ``pause_s`` (from the end of the
+        last step before the change to the end of this one: the training
+        time the change cost, the new trace included) in two parts,
+        ``reform_s`` (leaving ``fit`` and re-forming the Horovod job) and
+        ``resume_s`` (the sync, the new trace and the step), and what was
+        rescaled. Returns that event, else None.
         """
         now = time.time()
         pending, self._pending = self._pending, None
@@ -256,7 +258,9 @@ class KerasState(ObjectState):
             "resize", step=int(self.optimizer.iterations.numpy()), epoch=int(self.epoch),
             policy="KerasState", reason=f"workers {before} -> {after} ({change})",
             before={"workers": before, **self.rescaled["before"]},
-            after={"workers": after, "pause_s": round(pause, 6), **self.rescaled["after"]},
+            after={"workers": after, "pause_s": round(pause, 6),
+                   "reform_s": round(pending["reset_at"] - since, 6),
+                   "resume_s": round(now - pending["reset_at"], 6), **self.rescaled["after"]},
             log_dir=self.log_dir)
         self.resizes.append(event)
         return event
