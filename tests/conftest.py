@@ -90,7 +90,8 @@ def discovery_script(directory, hosts):
 
 
 def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2, timeout=300):
-    """Runs an elastic job: ``horovodrun -np N --min-np .. --max-np ..
+    """Runs an elastic job of ``script`` (a file in tests/workers, or a path):
+    ``horovodrun -np N --min-np .. --max-np ..
     --host-discovery-script S --network-interface lo --gloo python script ...``.
 
     The launcher and every worker it started are killed on timeout (and
