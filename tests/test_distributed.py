@@ -1,4 +1,5 @@
-"""Real multi-process checks: horovodrun -np 2 on localhost (Gloo, and MPI if built)."""
+"""Real multi-process checks: horovodrun -np 2 on localhost (Gloo, and MPI if built),
+and on two emulated hosts started over ssh (Gloo, and MPI if built)."""
 
 import numpy as np
 import pytest
@@ -6,16 +7,28 @@ import pytest
 from conftest import controllers, horovodrun, load_rank_results
 
 
-@pytest.fixture(scope="module", params=controllers())
+EMULATED = "-emulated-hosts"
+
+
+@pytest.fixture(scope="module", params=controllers() + [c + EMULATED for c in controllers()])
 def results(request, tmp_path_factory):
+    """Two workers on localhost with each controller, and one worker on each
+    of two emulated hosts (network namespaces, started over ssh)."""
     out = tmp_path_factory.mktemp(f"dist_{request.param}")
-    horovodrun("distributed_checks.py", ["--out", out], np=2, controller=request.param)
+    controller, emulated, _ = request.param.partition(EMULATED)
+    hosts = request.getfixturevalue("emulated_hosts") if emulated else None
+    horovodrun("distributed_checks.py", ["--out", out], np=2, controller=controller, hosts=hosts)
     return load_rank_results(out, 2)
 
 
-def test_two_workers_ran(results):
+def test_two_workers_ran(results, request):
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 for r in results)
+    if request.node.callspec.params["results"].endswith(EMULATED):
+        # each worker ran on its own emulated host (its sshd's hostname)
+        assert sorted(r["host"] for r in results) == ["h2", "h3"]
+    else:
+        assert results[0]["host"] == results[1]["host"]
 
 
 def test_noise_scale_matches_analytic_value_with_two_workers(results):

@@ -68,6 +68,20 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
+# Debian's openssh-server for the emulated-hosts tests (tools/emulated_hosts.py
+# starts one sshd per network namespace, so that horovodrun starts its workers
+# over ssh exactly as on a cluster). Installed when we are root and it is
+# missing; otherwise those tests skip and say why. Its service is not started.
+if [ ! -x /usr/sbin/sshd ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing openssh-server from Debian (multi-host tests on emulated hosts)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; } \
+      || log "openssh-server could not be installed; tests/test_emulated_hosts.py will skip"
+  else
+    log "/usr/sbin/sshd not found and not root: tests/test_emulated_hosts.py will skip"
+  fi
+fi
+
 tf_version=$("$py" -c "import tensorflow as tf; print(tf.__version__)")
 hvd_stamp="$venv/.horovod-build"
 # A venv from before the stamp existed: its Horovod was built against the

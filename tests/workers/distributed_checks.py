@@ -17,6 +17,7 @@ Phases (all in one launch, to keep the suite fast):
 import argparse
 import json
 import os
+import socket
 
 import numpy as np
 import tensorflow as tf
@@ -36,7 +37,8 @@ parser.add_argument("--out", required=True)
 args = parser.parse_args()
 
 rank, size = keras_adapt.rank(), keras_adapt.size()
-results = {"rank": rank, "size": size, "ops": keras_adapt.ops.implementation()}
+results = {"rank": rank, "size": size, "ops": keras_adapt.ops.implementation(),
+           "host": socket.gethostname()}
 
 
 def linear_model(dim, weights):
