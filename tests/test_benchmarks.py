@@ -213,3 +213,22 @@ def test_sync_strategies_quick():
     if a is not None and b is not None:
         assert line["adaptive_speedup_vs_ssgd_delay"] == pytest.approx(b / a, rel=1e-2)
     assert line["met"] == bool(line["met_acc"] and line["met_speedup"])
+
+
+@pytest.mark.primary_only
+def test_resize_latency_quick():
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "resize_latency.py"), "--quick"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    assert list(line)[:4] == ["bench", "down_s", "up_s", "commit_ratio"]
+    assert line["bench"] == "resize_latency" and line["stack"] == "primary"
+    # One scale-down and one scale-up, each a positive pause; the medians are them.
+    assert len(line["downs"]) == len(line["ups"]) == 1
+    assert line["down_s"] == line["downs"][0] and line["up_s"] == line["ups"][0]
+    assert 0 < line["down_s"] < 60 and 0 < line["up_s"] < 120
+    # The commits' share follows from their measured times: at the chosen
+    # interval it is small (under 1% once chosen; the first 3 commits of a
+    # fit come every 10 steps).
+    assert 1.0 < line["commit_ratio"] < 1.05
+    assert line["commit_interval"] >= 1 and line["commit_ms"] > 0 and line["step_ms"] > 0
