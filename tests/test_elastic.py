@@ -247,9 +247,13 @@ def test_fit_resumes_mid_epoch_and_the_state_round_trips_keras_adapt_state():
 
     import tensorflow as tf
 
+    from keras_adapt.policies import AdaptationPolicy
+
     model = _model(stats_interval=1, batch_size=8)
     LearningRateScale(model).set(3.0)
-    state = elastic.KerasState(model, batch=2, epoch=1,
+    policy = AdaptationPolicy()
+    policy.restore({"last_adapt": 5})
+    state = elastic.KerasState(model, batch=2, epoch=1, policies=[policy],
                                rule=elastic.ResizeRule("keep", global_batch=8))
     asked = []
     x, y = _data(400)
@@ -275,9 +279,11 @@ def test_fit_resumes_mid_epoch_and_the_state_round_trips_keras_adapt_state():
     model.fit(x, y, batch_size=8, epochs=1, steps_per_epoch=4, verbose=0)
     LearningRateScale(model).set(1.0)
     state.epoch, state.batch = 9, 9
+    policy.restore({"last_adapt": 9})
     assert opt.gradient_statistics.result()["updates"] == 11
     state.restore()
     assert (state.epoch, state.batch) == (3, 0)
+    assert policy.get_state() == {"last_adapt": 5}
     for got, want in zip(model.get_weights(), weights):
         np.testing.assert_array_equal(got, want)
     import keras_adapt
