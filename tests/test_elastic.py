@@ -373,3 +373,14 @@ def test_collective_failures_are_told_apart():
     assert is_collective_failure(tf.errors.InternalError(None, None, "HorovodBroadcast: peer lost"))
     assert not is_collective_failure(tf.errors.ResourceExhaustedError(None, None, "OOM"))
     assert not is_collective_failure(ValueError("Horovod"))
+
+
+def test_horovod_names_reach_the_elastic_package():
+    import keras_adapt.horovod as hvd
+    from keras_adapt import elastic
+
+    assert hvd.elastic is elastic
+    assert (hvd.elastic.KerasState, hvd.elastic.run, hvd.elastic.CommitStateCallback,
+            hvd.elastic.UpdateBatchStateCallback, hvd.elastic.UpdateEpochStateCallback) == (
+        elastic.KerasState, elastic.run, elastic.CommitStateCallback,
+        elastic.UpdateBatchStateCallback, elastic.UpdateEpochStateCallback)
