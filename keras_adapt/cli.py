@@ -5,6 +5,9 @@ tab's charts for every run under LOGDIR without TensorBoard.
 ``keras-adapt plan LOGDIR --samples S`` predicts, from a run's step times and
 noise scale, the time and cost of training S samples at each worker count and
 batch size (:mod:`keras_adapt.plan`).
+``keras-adapt discover --hosts-file F --target-file T`` prints ``host:slots``
+lines for ``horovodrun --host-discovery-script``, capped by the target worker
+count a resize policy writes (:mod:`keras_adapt.discover`).
 
 Example:
 
@@ -76,6 +79,25 @@ def _parser():
     plan.add_argument("--max-micro-batch", type=int, metavar="b",
                       help="largest per-worker micro-batch (default: the largest the run used)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
+    disc = sub.add_parser(
+        "discover",
+        help="print host:slots lines for horovodrun --host-discovery-script",
+        description="Prints one host:slots line per host, from a hosts file or a fixed list, "
+        "with the total slots capped by the target worker count in the target file (written "
+        "by keras-adapt's resize policies; 0 or no file: no cap). On missing or malformed "
+        "input it prints the error on stderr and the last good answer, and exits 0. "
+        "Without options it reads KERAS_ADAPT_HOSTS_FILE (or KERAS_ADAPT_HOSTS) and "
+        "KERAS_ADAPT_TARGET_FILE from the environment.",
+    )
+    disc.add_argument("--hosts-file", metavar="F",
+                      help="file with one host[:slots] per line (# comments allowed); "
+                      "default $KERAS_ADAPT_HOSTS_FILE")
+    disc.add_argument("--hosts", metavar="H:S,H:S",
+                      help="fixed host list instead of a file, e.g. node-1:2,node-2:2; "
+                      "default $KERAS_ADAPT_HOSTS")
+    disc.add_argument("--target-file", metavar="T",
+                      help="file holding the target worker count; default "
+                      "$KERAS_ADAPT_TARGET_FILE")
     return parser
 
 
@@ -119,8 +141,40 @@ def _option_names(message):
     return re.sub(r"\b(samples|workers)([=:])", r"--\1\2", message)
 
 
+def _discover(args):
+    from keras_adapt import discover
+
+    env = os.environ
+    hosts_file = args.hosts_file
+    hosts = args.hosts
+    if hosts_file is None and hosts is None:
+        hosts_file = env.get(discover.ENV_HOSTS_FILE) or None
+        hosts = None if hosts_file else env.get(discover.ENV_HOSTS) or None
+    target_file = args.target_file or env.get(discover.ENV_TARGET_FILE) or None
+    try:
+        answer = discover.discover(hosts_file=hosts_file, hosts=hosts, target_file=target_file)
+    except (ValueError, OSError) as exc:
+        print(f"keras-adapt discover: {exc}", file=sys.stderr)
+        path = discover.last_good_path(hosts_file, target_file)
+        last = discover.read_last_good(path)
+        if last is None:
+            # Nothing to fall back on: at start-up Horovod stops the job, which
+            # is right for a configuration that never worked.
+            print("keras-adapt discover: no last good answer to print"
+                  + (f" ({path} holds none)" if path else ""), file=sys.stderr)
+            return 2
+        print(f"keras-adapt discover: printing the last good answer from {path}",
+              file=sys.stderr)
+        answer = last
+    print(answer, flush=True)
+    return 0
+
+
 def main(argv=None):
     """Runs the command line; returns the exit code (0 ok, 2 bad input).
+
+    ``discover`` returns 0 whenever it printed hosts (the last good answer
+    after bad input included) and 2 only when it had none to print.
 
     Example:
 
@@ -130,6 +184,8 @@ def main(argv=None):
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "discover":
+        return _discover(args)  # polled every second: no TensorFlow import
     if args.command not in ("report", "plan"):
         parser.print_help()
         return 2

@@ -51,8 +51,9 @@ TIMING_ROW_IN = 3.0
 
 #: One colour per declared event kind, the same as the Adapt tab's
 #: (``static/index.js``); other kinds are grey.
-KIND_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resume": "#bcbd22",
-               "sync_strategy": "#17becf", "straggler": "#d62728", "resize": "#9467bd"}
+KIND_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resize": "#2ca02c",
+               "resume": "#bcbd22", "sync_strategy": "#17becf", "straggler": "#d62728",
+               "preemption": "#9467bd", "checkpoint": "#8c564b"}
 UNKNOWN_COLOR = "#7f7f7f"
 
 

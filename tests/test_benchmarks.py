@@ -215,6 +215,30 @@ def test_sync_strategies_quick():
     assert line["met"] == bool(line["met_acc"] and line["met_speedup"])
 
 
+def test_preemption_quick():
+    """SIGTERM to one of two workers: checkpoint on disk, no step lost, the
+    exit code reported; the printed numbers agree with each other."""
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "preemption.py"), "--quick"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["bench"] == "preemption" and line["trials"] == 1
+    from keras_adapt import _keras
+
+    assert line["stack"] == ("primary" if _keras.IS_KERAS3 else "legacy")
+    assert line["steps_lost"] == 0 == line["steps_lost_target"]
+    assert line["exit_code"] == 75 and line["exit_code_reported"] is True
+    # the driver's clock (kill -> mtime of the checkpoint file) and the
+    # callback's (handler -> after the write) measure the same interval
+    assert 0.0 < line["to_disk_s"] < 30.0 and 0.0 < line["callback_s"] < 30.0
+    assert abs(line["to_disk_s"] - line["callback_s"]) < 0.5
+    assert line["check_interval"] >= 1 and line["steps_after_signal"] >= 0
+    assert line["check_overhead"] == pytest.approx(
+        line["check_ms"] / line["check_interval"] / line["step_ms"], abs=1e-3)
+
+
 @pytest.mark.primary_only
 def test_resize_latency_quick():
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "resize_latency.py"), "--quick"]

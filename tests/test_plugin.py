@@ -198,8 +198,9 @@ def test_runs_lists_only_runs_with_adapt_data(client):
     assert runs["old_format"]["tags"] == ["adapt/gns"]
     # A series of a newer format is not offered; the run's readable one is.
     assert runs["newer_format"]["tags"] == ["adapt/gns"]
-    assert body["kinds"] == list(metadata.EVENT_KINDS) == ["batch_size", "lr", "resume", "sync_strategy",
-                                                        "straggler", "resize"]
+    assert body["kinds"] == list(metadata.EVENT_KINDS) == ["batch_size", "lr", "resize", "resume",
+                                                        "sync_strategy", "straggler", "preemption",
+                                                        "checkpoint"]
     # The strategies' names by the index adapt/sync_strategy holds, as the
     # strategy classes number themselves (the tab labels its chart with them).
     from keras_adapt.sync.state import STRATEGIES

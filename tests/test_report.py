@@ -68,7 +68,7 @@ def test_png_has_the_expected_size(logdir, tmp_path):
 def test_events_of_one_step_all_reach_the_report(logdir):
     (run,) = report.load_runs(logdir, runs=[HOSTILE])
     assert [(e["step"], e["kind"]) for e in run.events] == [
-        (5, "batch_size"), (5, "lr"), (15, "resume")]
+        (5, "batch_size"), (5, "lr"), (15, metadata.EVENT_KINDS[2])]
 
 
 def _tick_labels(axis):

@@ -9,11 +9,14 @@ same way on every rank:
   or schedule, with an optional warm-up ramp and AdaScale progress;
 * :class:`GlobalBatchSize` -- the global batch ``workers x micro-batch x k``,
   using the two above and, when given, an
-  :class:`keras_adapt.data.AdaptiveBatchDataset` for the micro-batch.
+  :class:`keras_adapt.data.AdaptiveBatchDataset` for the micro-batch;
+* :class:`WorkerTarget` -- the worker count the job asks for, written to the
+  target file that ``keras-adapt discover`` reads (rank 0 writes).
 """
 
 from keras_adapt.actuators.batch_size import GlobalBatchSize
 from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
 from keras_adapt.actuators.learning_rate import LearningRateScale
+from keras_adapt.actuators.workers import WorkerTarget
 
-__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale"]
+__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale", "WorkerTarget"]

@@ -10,6 +10,7 @@ from keras_adapt.callbacks.gradient_stats_monitor import LOG_KEYS, GradientStats
 from keras_adapt.callbacks.learning_rate_schedule import LearningRateScheduleCallback
 from keras_adapt.callbacks.learning_rate_warmup import LearningRateWarmupCallback
 from keras_adapt.callbacks.metric_average import MetricAverageCallback
+from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
 from keras_adapt.callbacks.system_monitor import SystemMonitor
 from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 
@@ -22,6 +23,7 @@ __all__ = [
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
+    "PreemptionCheckpoint",
     "SystemMonitor",
     "WorkerTimingMonitor",
     "broadcast_variables",

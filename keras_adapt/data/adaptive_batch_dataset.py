@@ -141,6 +141,48 @@ class AdaptiveBatchDataset:
         self.samples += b
         return np.concatenate(parts).astype(np.int64)
 
+    def get_state(self):
+        """The stream's position (JSON-able): what :meth:`set_state` needs to
+        continue with the very next micro-batch, e.g. after a restart.
+
+        Example:
+
+        >>> import numpy as np
+        >>> from keras_adapt.data import AdaptiveBatchDataset
+        >>> a = AdaptiveBatchDataset(np.arange(20.0), micro_batch_size=4, num_workers=1, rank=0)
+        >>> _ = [a.next_indices() for _ in range(7)]        # into the second pass
+        >>> b = AdaptiveBatchDataset(np.arange(20.0), micro_batch_size=4, num_workers=1, rank=0)
+        >>> b.set_state(a.get_state())
+        >>> b.next_indices().tolist() == a.next_indices().tolist(), b.produced
+        (True, 8)
+        """
+        return {"produced": self.produced, "samples": self.samples, "pass": self._pass,
+                "cursor": self._cursor, "started": self._order is not None,
+                "micro_batch_size": self._micro_batch_size,
+                "initial_micro_batch_size": self.initial_micro_batch_size,
+                "num_samples": self.num_samples,
+                "num_workers": self.num_workers, "seed": self.seed, "shuffle": self.shuffle}
+
+    def set_state(self, state):
+        """Continues from a position saved by :meth:`get_state`; the data,
+        the number of workers, the seed, the shuffling and the initial
+        micro-batch size (which sets ``steps_per_epoch``) must be those of
+        the saved stream (a ``ValueError`` names the one that differs)."""
+        for key, now in (("num_samples", self.num_samples), ("num_workers", self.num_workers),
+                         ("seed", self.seed), ("shuffle", self.shuffle),
+                         ("initial_micro_batch_size", self.initial_micro_batch_size)):
+            if state.get(key) != now:
+                raise ValueError(
+                    f"the saved data position was taken with {key}={state.get(key)!r}, this "
+                    f"AdaptiveBatchDataset has {key}={now!r}: its samples would not continue "
+                    f"the saved order; use the same data, workers, seed and shuffle")
+        self.micro_batch_size = int(state["micro_batch_size"])
+        self.produced = int(state["produced"])
+        self.samples = int(state["samples"])
+        self._pass = int(state["pass"])
+        self._cursor = int(state["cursor"])
+        self._order = self._shard_order() if state["started"] else None
+
     def _generate(self):
         while True:
             yield self.next_indices()

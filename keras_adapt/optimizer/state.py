@@ -72,6 +72,46 @@ class AdaptState:
         self.reduction.timing = self.timing
 
 
+    def checkpoint_variables(self):
+        """keras-adapt's variables that a restarted run needs to continue as
+        this one would, by a stable name: the statistics, the skip and update
+        counts, the accumulation steps and count, the learning-rate factor
+        and progress, and the synchronisation strategy's index, count and
+        parameters. Left out: what is made at the first trace (accumulated
+        gradients, the one-worker previous gradient, the strategies' extra
+        models) and the collectives' timing. Take it at an update boundary
+        (no micro-step accumulated), where the accumulators are zero.
+
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        >>> names = opt.adapt_state.checkpoint_variables()
+        >>> "statistics_ema_grad_sqr" in names, "sync_index" in names, "lr_control_target" in names
+        (True, True, False)
+        """
+        out = {"skipped": self.skipped, "updates": self.updates}
+        stats = self.statistics
+        if stats is not None:
+            for name in ("batch_size", "interval", "ema_grad_sqr", "ema_grad_var",
+                         "ema_global_batch", "ema_weight", "updates", "covered_updates",
+                         "nonfinite", "global_batch"):
+                out[f"statistics_{name}"] = getattr(stats, name)
+        if self.accumulation is not None:
+            acc = self.accumulation
+            for name in ("steps", "count", "local_sqr", "inv_batch", "samples"):
+                out[f"accumulation_{name}"] = getattr(acc, name)
+        if self.lr_control is not None:
+            for name in ("start", "target", "begin", "ramp", "gain", "progress"):
+                out[f"lr_control_{name}"] = getattr(self.lr_control, name)
+        sync = self.sync
+        out.update(sync_index=sync.index, sync_count=sync.count,
+                   sync_measure_ready=sync.measure_ready, sync_measure_waiting=sync.measure_waiting)
+        for name, variable in sync.variables.items():
+            out[f"sync_{name}"] = variable
+        return out
+
+
 def variable_key(variable):
     """Identity keys of a variable: the object itself and, for a Keras 3
     variable, the ``tf.Variable`` it holds (either may be registered).

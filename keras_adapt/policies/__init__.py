@@ -8,6 +8,11 @@ from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
 from keras_adapt.policies.goodput_batch_size import GoodputBatchSizePolicy, statistical_efficiency
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
+from keras_adapt.policies.resize import (
+    GNSWorkerScalingPolicy,
+    ResizePolicy,
+    ThroughputScalingPolicy,
+)
 from keras_adapt.policies.scaling_rules import (
     AdaScale,
     LinearScaling,
@@ -24,14 +29,17 @@ __all__ = [
     "AdaptationPolicy",
     "BatchSizePolicy",
     "GNSBatchSizePolicy",
+    "GNSWorkerScalingPolicy",
     "GoodputBatchSizePolicy",
     "LRScalingPolicy",
     "LinearScaling",
     "NoScaling",
+    "ResizePolicy",
     "ScalingRule",
     "ScheduledBatchSizePolicy",
     "SqrtScaling",
     "StragglerPolicy",
     "SyncStrategyPolicy",
+    "ThroughputScalingPolicy",
     "statistical_efficiency",
 ]

@@ -215,8 +215,13 @@ class AdaptationPolicy(keras.callbacks.Callback):
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self.restore(state)
+            # The updates since the last adapt() before the checkpoint count:
+            # the next adapt() comes where it would have without the restart.
+            self._updates_since = max(0, self.step - self._last_adapt)
             self.record("resume", "state restored from a checkpoint", {}, state)
         self.on_adapt_begin(self._values(logs))
+        if self._updates_since >= self.interval:  # one was due when the run stopped
+            self._adapt_now()
         self._refresh_logs()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -237,11 +242,14 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self.on_update_end()
         self._updates_since += 1
         if self._updates_since >= self.interval:
-            self._updates_since = 0
-            step = self.step
-            self._last_adapt = step
-            self.adapt(step, self._values(None))
-            self._refresh_logs()
+            self._adapt_now()
+
+    def _adapt_now(self):
+        self._updates_since = 0
+        step = self.step
+        self._last_adapt = step
+        self.adapt(step, self._values(None))
+        self._refresh_logs()
 
     def on_train_batch_end(self, batch, logs=None):
         if logs is not None:

@@ -95,7 +95,8 @@ EVENTS_FILENAME = "adapt_events.jsonl"
 
 #: The kinds that keras-adapt emits today. A kind is declared here when
 #: code starts emitting it; readers show any other kind as "unknown".
-EVENT_KINDS = ("batch_size", "lr", "resume", "sync_strategy", "straggler", "resize")
+EVENT_KINDS = ("batch_size", "lr", "resize", "resume", "sync_strategy", "straggler",
+               "preemption", "checkpoint")
 #: The synchronisation strategies by the value of the strategy variable
 #: (``keras_adapt.sync``): the ``adapt/sync_strategy`` series holds the index
 #: of the strategy in use, and readers label it with these names.

@@ -15,10 +15,12 @@ const MAX_POINTS = 800;
 const KIND_COLORS = {
   batch_size: '#1f77b4',
   lr: '#ff7f0e',
+  resize: '#2ca02c',
   resume: '#bcbd22',
   sync_strategy: '#17becf',
   straggler: '#d62728',
-  resize: '#9467bd',
+  preemption: '#9467bd',
+  checkpoint: '#8c564b',
 };
 const UNKNOWN_COLOR = '#7f7f7f';
 

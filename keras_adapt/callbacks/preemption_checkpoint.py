@@ -1,0 +1,557 @@
+"""PreemptionCheckpoint: stop every worker at the same step on SIGTERM, checkpoint, resume there."""
+
+import collections
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_adapt import _hvd, events
+from keras_adapt.data import AdaptiveBatchDataset
+from keras_adapt.optimizer import require_distributed
+
+#: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
+#: ``sysexits.h``, "a temporary failure, the user is invited to retry".
+EXIT_CODE = 75
+#: The signals that request a checkpoint and a stop.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _check_number(name, value, minimum, integer=False, allow_none=False):
+    if value is None and allow_none:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value >= minimum:
+        kind = "an int" if integer else "a number"
+        raise ValueError(f"{name}={value!r} is not valid; use {kind} >= {minimum}")
+    return value
+
+
+def _build_optimizer(optimizer, variables):
+    """Creates the optimizer's slots over ``variables`` without any collective,
+    so that a checkpoint can fill them before the first step."""
+    if hasattr(optimizer, "_create_all_weights"):  # tf.keras 2 legacy OptimizerV2
+        optimizer._create_all_weights(variables)
+    elif not getattr(optimizer, "built", False):
+        optimizer.build(variables)
+
+
+def _policies(callbacks):
+    """The callbacks that carry state to resume (``get_state`` / ``set_state``)."""
+    return [cb for cb in callbacks if callable(getattr(cb, "get_state", None))
+            and callable(getattr(cb, "set_state", None))]
+
+
+def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
+    """Steps between two agreements on the stop flag under
+    ``check_interval="auto"``: the fewest that keep one agreement of
+    ``check_s`` seconds under ``overhead`` of the step time ``step_s``,
+    capped so that the steps between two agreements take at most a quarter
+    of ``deadline_s`` (at least 1 step; 1000 without a deadline).
+
+    Example (an agreement of 5 ms, steps of 7 ms and of 1 s, 25 s deadline):
+
+    >>> from keras_adapt.callbacks.preemption_checkpoint import auto_check_interval
+    >>> auto_check_interval(0.005, 0.007, 25.0), auto_check_interval(0.005, 1.0, 25.0)
+    (72, 1)
+    >>> auto_check_interval(0.005, 0.001, 2.0)   # capped: 500 steps = 0.5 s
+    500
+    """
+    wanted = int(np.ceil(check_s / (overhead * step_s))) if step_s > 0 else 1
+    cap = 1000 if deadline_s is None else int(0.25 * deadline_s / step_s) if step_s > 0 else 1
+    return max(1, min(wanted, cap))
+
+
+class PreemptionCheckpoint(keras.callbacks.Callback):
+    """Checkpoints on SIGTERM / SIGINT with every worker stopped at the same
+    step, and resumes a rerun of the same command at that very step.
+
+    A signal on any rank only sets a flag. Every ``check_interval`` steps the
+    workers OR the flags together (one tiny allreduce of one number per
+    worker, from the host, at the end of the step), so all of them see the
+    request at the same step. By default (``"auto"``) the interval follows
+    the measured cost: each agreement also averages the workers' median step
+    time and agreement time (the shortest of their last 8 agreements: a
+    longer one mostly waited for a slower worker), and the next interval is the smallest that keeps
+    the agreements under 1% of the step time, capped so that the steps
+    between two agreements take at most a quarter of ``deadline_s``
+    (:func:`auto_check_interval`; the same on every rank), and at most twice
+    the previous interval; at the next optimizer-update boundary (never in the
+    middle of an accumulation) rank 0 writes a checkpoint with
+    ``tf.train.CheckpointManager``, every rank waits until it is on disk,
+    and the process exits with ``exit_code``. The checkpoint holds the model,
+    the optimizer (slots, ``iterations``), keras-adapt's state
+    (``optimizer.adapt_state.checkpoint_variables()``, the synchronisation
+    strategy), the epoch and the step within it, the data position of the
+    :class:`~keras_adapt.data.AdaptiveBatchDataset` and the ``get_state()``
+    of every policy among the callbacks. It is written atomically: the data
+    and index files under temporary names, then the ``checkpoint`` file that
+    lists it.
+
+    Resume with :meth:`fit` (it replaces ``model.fit``): it restores the
+    newest readable checkpoint on every rank (all ranks must see
+    ``directory``), falls back to the previous one with a warning naming a
+    damaged one, and runs the rest of the interrupted epoch, then the next
+    epochs, skipping the micro-batches already trained on. Events:
+    ``preemption`` when the workers stop, ``checkpoint`` per periodic save,
+    ``resume`` when a run restarts from a checkpoint.
+
+    Args:
+        directory: where the checkpoints go (made if missing).
+        max_to_keep: checkpoints kept (>= 2 keeps a fallback).
+        deadline_s: seconds from the signal within which the checkpoint must
+            be on disk; if a step or the write is still running then, the
+            process exits with ``exit_code`` anyway, leaving the previous
+            checkpoint as the newest (set it below your platform's grace
+            period, e.g. 30 s on Kubernetes and most clouds). None: no limit.
+        exit_code: the process's exit code after the preemption checkpoint
+            (default 75, ``EX_TEMPFAIL``); None: ``fit`` returns instead
+            (:attr:`preempted` is then True).
+        save_freq: ``"epoch"`` (a checkpoint at each epoch end), an int (every
+            that many optimizer updates) or None (on preemption only).
+        check_interval: steps between the agreements on the flag: an int
+            (1: every step, the stop comes at the step in flight), or
+            ``"auto"`` (see above). Steps run after a signal are not lost:
+            they are in the checkpoint.
+        log_dir: directory of ``adapt_events.jsonl``; None keeps the events in
+            memory (:attr:`events`) and listeners.
+
+    Example:
+
+    >>> import tempfile, numpy as np, keras, keras_adapt
+    >>> from keras_adapt.callbacks import PreemptionCheckpoint
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp())
+    >>> x = np.ones((8, 2), "float32"); y = np.ones((8, 1), "float32")
+    >>> history = ckpt.fit(model, x, y, batch_size=4, epochs=2, verbose=0)
+    >>> ckpt.position(), len(ckpt.checkpoints())
+    ((2, 0), 2)
+    """
+
+    def __init__(self, directory, max_to_keep=2, deadline_s=25.0, exit_code=EXIT_CODE,
+                 save_freq="epoch", check_interval="auto", log_dir=None):
+        super().__init__()
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path, got {directory!r}")
+        self.directory = os.fspath(directory)
+        self.max_to_keep = _check_number("max_to_keep", max_to_keep, 1, integer=True)
+        self.deadline_s = _check_number("deadline_s", deadline_s, 0.0, allow_none=True)
+        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
+                                      or not 0 <= exit_code <= 255):
+            raise ValueError(f"exit_code={exit_code!r} is not valid; use an int in [0, 255] "
+                             f"(default {EXIT_CODE}) or None to return from fit")
+        self.exit_code = exit_code
+        if save_freq != "epoch" and save_freq is not None:
+            _check_number("save_freq", save_freq, 1, integer=True)
+        self.save_freq = save_freq
+        if check_interval != "auto":
+            _check_number("check_interval", check_interval, 1, integer=True)
+        self.check_interval = check_interval
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        #: True once the workers stopped for a signal.
+        self.preempted = False
+        #: Every event this callback recorded, in order.
+        self.events = []
+        #: Seconds from the first signal (on any rank) to the checkpoint on
+        #: disk, on every rank (None before a preemption).
+        self.signal_to_disk_s = None
+        self._requested = False
+        self._signal = None
+        self._signal_time = None
+        self._saved = threading.Event()
+        self._old_handlers = {}
+        self._dataset = None
+        self._policy_list = []
+        self._pending = None  # (path, meta) of the checkpoint to restore at set_model
+        self._epoch = 0
+        self._offset = 0  # steps of the current epoch done before this fit began
+        self._step_in_epoch = 0
+        self._steps_per_epoch = 0
+        self._steps_since_check = 0
+        self._interval = 1  # steps to the next agreement
+        self._last_end = None  # perf_counter at the last step end
+        self._step_seconds = []  # this rank's step times since the last agreement
+        # This rank's time in its last agreements: their minimum is the
+        # cost; a longer one mostly waited for a slower rank.
+        self._check_seconds = collections.deque(maxlen=8)
+        self._pending_micro = 0
+        self._timer = None
+        self._signalled = {}
+        self._manager = None
+        self._checkpoint = None
+        self._meta = None
+        self._epoch_var = None
+        self._step_var = None
+
+    # -- reading the directory ---------------------------------------------
+    def checkpoints(self):
+        """The checkpoint paths listed in ``directory``, oldest first.
+
+        Example:
+
+        >>> import tempfile
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> PreemptionCheckpoint(tempfile.mkdtemp()).checkpoints()
+        []
+        """
+        state = tf.train.get_checkpoint_state(self.directory)
+        if state is None:
+            return []
+        return [p if os.path.isabs(p) else os.path.join(self.directory, p)
+                for p in state.all_model_checkpoint_paths]
+
+    @staticmethod
+    def read_meta(path):
+        """The position and host state stored in checkpoint ``path`` (a dict),
+        after reading every tensor of it: a damaged checkpoint raises here.
+
+        Example:
+
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> PreemptionCheckpoint.read_meta("/nonexistent/ckpt-1")
+        Traceback (most recent call last):
+        ...
+        ValueError: checkpoint /nonexistent/ckpt-1 cannot be read: NotFoundError
+        """
+        try:
+            reader = tf.train.load_checkpoint(path)
+            meta = None
+            for key in reader.get_variable_to_shape_map():
+                value = reader.get_tensor(key)  # checks each tensor's checksum
+                if key.startswith("meta/"):
+                    meta = value
+        except Exception as exc:  # noqa: BLE001 - any damage means "not usable"
+            raise ValueError(f"checkpoint {path} cannot be read: {type(exc).__name__}") from exc
+        if meta is None:
+            raise ValueError(f"checkpoint {path} holds no keras-adapt position (not written "
+                             "by PreemptionCheckpoint)")
+        return json.loads(meta.decode() if isinstance(meta, bytes) else meta)
+
+    def latest(self):
+        """``(path, meta)`` of the newest readable checkpoint, or None.
+
+        A damaged newer one gives a warning naming it, and the one before is
+        used. Every rank reads ``directory`` itself.
+        """
+        for path in reversed(self.checkpoints()):
+            try:
+                return path, self.read_meta(path)
+            except ValueError as exc:
+                warnings.warn(f"keras-adapt: {exc}; using the checkpoint before it",
+                              RuntimeWarning, stacklevel=2)
+        return None
+
+    def position(self):
+        """``(epoch, step in epoch)`` where a rerun resumes (``(0, 0)`` without a checkpoint)."""
+        found = self.latest()
+        if found is None:
+            return 0, 0
+        return found[1]["epoch"], found[1]["step_in_epoch"]
+
+    # -- fit -------------------------------------------------------------
+    def fit(self, model, x=None, y=None, batch_size=32, epochs=1, callbacks=(), shuffle=True,
+            seed=0, **fit_kwargs):
+        """``model.fit`` that resumes where the last run stopped.
+
+        ``x`` is an :class:`~keras_adapt.data.AdaptiveBatchDataset` (``y``
+        and ``batch_size`` unused) or in-memory arrays, which are streamed
+        through one (each worker takes its share, order seeded by ``seed``,
+        identical on every rank): the inputs whose position can be saved and
+        restored. This callback is added after ``callbacks``; the policies
+        among them have their state saved and restored. Returns a ``History``
+        of the epochs this call ran.
+        """
+        if "steps_per_epoch" in fit_kwargs or "initial_epoch" in fit_kwargs:
+            raise ValueError("PreemptionCheckpoint.fit sets steps_per_epoch and initial_epoch "
+                             "itself (from the data and the checkpoint); leave them out")
+        if isinstance(x, AdaptiveBatchDataset):
+            data = x
+        elif isinstance(x, (tf.data.Dataset, keras.utils.Sequence)) or callable(
+                getattr(x, "__next__", None)):
+            raise TypeError(
+                f"PreemptionCheckpoint.fit cannot save the position of a "
+                f"{type(x).__name__}; pass in-memory arrays (x, y) or a "
+                "keras_adapt.data.AdaptiveBatchDataset, whose position resumes mid-epoch")
+        else:
+            data = AdaptiveBatchDataset(x, y, micro_batch_size=batch_size, shuffle=shuffle,
+                                        seed=seed)
+        require_distributed(model, type(self).__name__)
+        self.preempted, self.signal_to_disk_s = False, None
+        self._dataset = data
+        callbacks = list(callbacks)
+        self._policy_list = _policies(callbacks)
+        found = self.latest()
+        epoch, step = (0, 0) if found is None else (found[1]["epoch"], found[1]["step_in_epoch"])
+        if found is not None:
+            self._pending = found
+        spe = self._steps_per_epoch = data.steps_per_epoch
+        if step >= spe:
+            raise ValueError(f"checkpoint {found[0]} is at step {step} of epoch {epoch}, but an "
+                             f"epoch of this data has {spe} steps; resume with the same data "
+                             "and batch size")
+        histories = []
+        run = callbacks + [self]
+        # The stream is shuffled already (Keras would warn that it ignores shuffle).
+        fit_kwargs["shuffle"] = False
+        if step > 0 and epoch < epochs:  # the rest of the interrupted epoch
+            self._offset = step
+            histories.append(model.fit(data.dataset, steps_per_epoch=spe - step,
+                                       initial_epoch=epoch, epochs=epoch + 1, callbacks=run,
+                                       **fit_kwargs))
+            epoch += 1
+        if epoch < epochs and not self.preempted:
+            histories.append(model.fit(data.dataset, steps_per_epoch=spe, initial_epoch=epoch,
+                                       epochs=epochs, callbacks=run, **fit_kwargs))
+        history = histories[-1] if histories else keras.callbacks.History()
+        if len(histories) == 2:
+            first, history.epoch = histories[0], histories[0].epoch + history.epoch
+            history.history = {k: first.history.get(k, []) + v for k, v in history.history.items()}
+        return history
+
+    # -- state -------------------------------------------------------------
+    def _make_checkpoint(self):
+        optimizer = self.model.optimizer
+        with tf.init_scope():
+            self._epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._meta = tf.Variable("", dtype=tf.string, trainable=False)
+        adapt = tf.train.Checkpoint(**optimizer.adapt_state.checkpoint_variables())
+        self._checkpoint = tf.train.Checkpoint(model=self.model, optimizer=optimizer, adapt=adapt,
+                                               epoch=self._epoch_var, step=self._step_var,
+                                               meta=self._meta)
+        if _hvd.rank() == 0:
+            self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory,
+                                                       max_to_keep=self.max_to_keep)
+
+    def _restore(self, path, meta):
+        model = self.model
+        if not getattr(model, "built", True) or not model.trainable_variables:
+            raise ValueError(
+                f"cannot resume from {path}: the model has no weights yet (built lazily). "
+                "Give it a keras.Input or call model.build(input_shape) before fit")
+        optimizer = model.optimizer
+        sync = optimizer.adapt_state.sync
+        if meta["sync"]["name"] != type(sync.strategy).__name__:
+            sync.set(meta["sync"]["strategy"], **meta["sync"]["params"])
+        _build_optimizer(optimizer, model.trainable_variables)
+        self._checkpoint.restore(path).assert_existing_objects_matched()
+        acc = optimizer.adapt_state.accumulation
+        if acc is not None:
+            acc.steps_value = int(acc.steps.numpy())
+        if self._dataset is not None and meta.get("data") is not None:
+            self._dataset.set_state(meta["data"])
+        states = meta.get("policies", [])
+        if len(states) != len(self._policy_list):
+            raise ValueError(
+                f"checkpoint {path} holds the state of {len(states)} policies "
+                f"({', '.join(s['class'] for s in states) or 'none'}) but "
+                f"{len(self._policy_list)} are given; resume with the same callbacks")
+        for policy, saved in zip(self._policy_list, states):
+            policy.set_state(saved["state"])
+        # Every rank must have restored the same checkpoint.
+        number = float(path.rsplit("-", 1)[-1])
+        agreed = _hvd.host_allreduce_mean([number, number ** 2], "keras_adapt_resume_check")
+        if not np.isclose(agreed[1], agreed[0] ** 2):
+            raise ValueError(f"rank {_hvd.rank()} restored {path} but the workers restored "
+                             f"different checkpoints: put {self.directory} on a file system "
+                             "every worker sees, unchanged between their reads")
+        self._record("resume", f"resumed from {os.path.basename(path)}", {},
+                     {"epoch": meta["epoch"], "step_in_epoch": meta["step_in_epoch"],
+                      "step": meta["step"], "checkpoint": path})
+
+    def _host_state(self, epoch, step_in_epoch):
+        sync = self.model.optimizer.adapt_state.sync
+        return {
+            "epoch": int(epoch), "step_in_epoch": int(step_in_epoch),
+            "step": self._step(), "workers": _hvd.size(), "wall_time": time.time(),
+            "sync": {"name": type(sync.strategy).__name__,
+                     "strategy": sync.strategy.name, "params": sync.strategy.params()},
+            "data": None if self._dataset is None else self._dataset.get_state(),
+            "policies": [{"class": type(p).__name__, "state": p.get_state()}
+                         for p in self._policy_list],
+        }
+
+    def _step(self):
+        return int(self.model.optimizer.iterations.numpy())
+
+    def _save(self, epoch, step_in_epoch):
+        """Rank 0 writes a checkpoint at (epoch, step_in_epoch); returns its path (None elsewhere)."""
+        if _hvd.rank() != 0:
+            return None
+        self._epoch_var.assign(epoch)
+        self._step_var.assign(step_in_epoch)
+        self._meta.assign(json.dumps(self._host_state(epoch, step_in_epoch)))
+        return self._manager.save(checkpoint_number=self._step())
+
+    def _record(self, kind, reason, before, after):
+        event = events.emit(kind, step=self._step(), epoch=self._epoch,
+                            policy=type(self).__name__, reason=reason, before=before,
+                            after=after, log_dir=self.log_dir)
+        self.events.append(event)
+
+    # -- signals -----------------------------------------------------------
+    def _on_signal(self, signum, frame):
+        if not self._requested:
+            self._requested = True
+            self._signal = signal.Signals(signum).name
+            self._signal_time = time.time()
+            if self.deadline_s is not None:
+                self._timer = threading.Timer(self.deadline_s, self._deadline_passed)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _deadline_passed(self):
+        if self._saved.is_set():
+            return
+        sys.stderr.write(
+            f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within deadline_s="
+            f"{self.deadline_s} s of {self._signal}; exiting with {self.exit_code}, the newest "
+            f"checkpoint in {self.directory} is the previous one\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODE if self.exit_code is None else self.exit_code)
+
+    def _install_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionCheckpoint needs fit to run on the main thread "
+                               "(signal handlers can only be set there)")
+        for sig in SIGNALS:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _remove_handlers(self):
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers = {}
+
+    # -- Keras hooks ---------------------------------------------------------
+    def set_model(self, model):
+        super().set_model(model)
+        if self._checkpoint is None or self._checkpoint.model is not model:
+            self._make_checkpoint()
+        if self._pending is not None:
+            (path, meta), self._pending = self._pending, None
+            self._epoch = meta["epoch"]
+            self._restore(path, meta)
+
+    def on_train_begin(self, logs=None):
+        if self._dataset is None:
+            raise ValueError(
+                "PreemptionCheckpoint resumes through its own fit: call "
+                "ckpt.fit(model, x, y, ...) instead of model.fit(..., callbacks=[ckpt])")
+        self._requested = False
+        self._saved.clear()
+        self._steps_since_check = 0
+        self._interval = 1 if self.check_interval == "auto" else self.check_interval
+        self._last_end = None
+        self._step_seconds = []
+        acc = self.model.optimizer.adapt_state.accumulation
+        self._pending_micro = 0 if acc is None else int(acc.count.numpy())
+        self._install_handlers()
+
+    def on_train_end(self, logs=None):
+        self._remove_handlers()
+        if self._timer is not None and not self.preempted:
+            self._timer.cancel()  # training ended before the workers agreed to stop
+        self._timer = None
+        if self.preempted and self.exit_code is not None:
+            raise SystemExit(self.exit_code)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        # The first epoch of a resumed fit starts after the steps done before.
+        self._step_in_epoch, self._offset = self._offset, 0
+
+    def _completes_update(self):
+        acc = self.model.optimizer.adapt_state.accumulation
+        if acc is None:
+            return True
+        self._pending_micro += 1
+        if acc.completes_update(self._pending_micro, acc.steps_value):
+            self._pending_micro = 0
+            return True
+        return False
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self._step_seconds.append(now - self._last_end)
+        self._last_end = now
+        self._step_in_epoch += 1
+        boundary = self._completes_update()
+        self._steps_since_check += 1
+        if boundary and isinstance(self.save_freq, int) and self._step() % self.save_freq == 0:
+            self._periodic(self._epoch, self._step_in_epoch)
+        if self._steps_since_check < self._interval and not self.preempted:
+            return
+        self._steps_since_check = 0
+        if not self.preempted:
+            self.preempted = self._agree()
+        self._last_end = time.perf_counter()  # the agreement is not step time
+        if self.preempted and boundary:
+            self.model.stop_training = True
+            if self._step_in_epoch < self._steps_per_epoch:
+                self._stop(self._epoch, self._step_in_epoch)
+            # else: the epoch's last step; on_epoch_end saves after the epoch-end callbacks
+
+    def _agree(self):
+        """The one collective per check: every rank's signal time (0: none),
+        so all ranks learn at the same step which ranks were signalled, and
+        when; with ``check_interval="auto"`` also the step and agreement
+        times, from which every rank computes the same next interval."""
+        size = _hvd.size()
+        values = np.zeros(size + 2)
+        if self._requested:
+            values[_hvd.rank()] = self._signal_time * size
+        values[size] = float(np.median(self._step_seconds)) if self._step_seconds else 0.0
+        values[size + 1] = min(self._check_seconds, default=0.0)
+        start = time.perf_counter()
+        values = _hvd.host_allreduce_mean(values, "keras_adapt_preempt")
+        self._check_seconds.append(time.perf_counter() - start)
+        self._step_seconds = []
+        self._signalled = {r: float(t) for r, t in enumerate(values[:size]) if t > 0.0}
+        if self.check_interval == "auto" and values[size] > 0.0:
+            # At most twice the last interval: one slow early agreement (a
+            # rank still tracing) must not space the next ones by seconds.
+            self._interval = min(2 * self._interval, auto_check_interval(
+                values[size + 1], values[size], self.deadline_s))
+        return bool(self._signalled)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.preempted:
+            if self.model.stop_training and not self._saved.is_set():
+                self._stop(epoch + 1, 0)
+            return
+        if self.save_freq == "epoch":
+            self._periodic(epoch + 1, 0)
+
+    def _periodic(self, epoch, step_in_epoch):
+        path = self._save(epoch, step_in_epoch)
+        self._record("checkpoint", "periodic checkpoint", {},
+                     {"epoch": epoch, "step_in_epoch": step_in_epoch,
+                      "checkpoint": path or ""})
+
+    def _stop(self, epoch, step_in_epoch):
+        """Writes the preemption checkpoint and the ``preemption`` event (rank
+        0), then waits until every rank is there: no rank exits (which makes
+        horovodrun end the job) before both are on disk."""
+        path = self._save(epoch, step_in_epoch)
+        ranks = sorted(self._signalled)
+        since = time.time() - min(self._signalled.values())
+        self._record("preemption", f"signal on rank {', '.join(map(str, ranks))}: all ranks "
+                     f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
+                     {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
+                      "signalled_ranks": ranks, "signal_to_disk_s": since,
+                      "check_interval": self._interval,
+                      "exit_code": self.exit_code})
+        _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
+        self._saved.set()
+        self.signal_to_disk_s = time.time() - min(self._signalled.values())

@@ -1,0 +1,306 @@
+"""Host discovery for Horovod Elastic, capped by a target worker count.
+
+``horovodrun --host-discovery-script S`` runs ``S`` about once a second and
+reads one ``host:slots`` line per host from its standard output. This module
+produces those lines from a hosts file (one ``host[:slots]`` per line,
+``#`` comments and blank lines allowed) or a fixed list (``h1:2,h2:2``),
+*capped* by a target worker count that a policy writes into a small file
+(:class:`keras_adapt.actuators.WorkerTarget`): the total slots are trimmed
+from the end of the list, so hosts ``a:2,b:2`` with target 3 give ``a:2``
+and ``b:1``. A target of 0, or no target file, means no cap. This is the
+configuration operator of KungFu, on Horovod: a job asks for more or fewer
+workers by writing a number, and Horovod's elastic driver starts or stops
+workers to match.
+
+Files are replaced atomically (:func:`write_atomic`: a temporary file in the
+same directory, then ``os.replace``), so a reader sees the old content or the
+new, never a part. Each answer is also cached next to the target file (or
+the hosts file) as ``<file>.last``: when the input is missing or malformed,
+:func:`discover` raises, and ``keras-adapt discover`` prints the error on
+stderr and the last good answer with exit code 0, because Horovod treats a
+failing script as a transient error but empty output as "no hosts" (every
+worker would be stopped).
+
+Example:
+
+>>> import os, tempfile
+>>> from keras_adapt import discover
+>>> d = tempfile.mkdtemp()
+>>> hosts = os.path.join(d, "hosts"); target = os.path.join(d, "target")
+>>> discover.write_atomic(hosts, "# the machines\\nnode-a:2\\nnode-b:2\\n")
+>>> discover.write_target(target, 3)
+>>> print(discover.discover(hosts_file=hosts, target_file=target))
+node-a:2
+node-b:1
+"""
+
+import os
+import re
+import tempfile
+import warnings
+
+__all__ = [
+    "ENV_HOSTS", "ENV_HOSTS_FILE", "ENV_TARGET_FILE", "LAST_SUFFIX", "cap_hosts", "discover",
+    "format_hosts", "last_good_path", "parse_hosts", "read_last_good", "read_target",
+    "write_atomic", "write_target",
+]
+
+#: Environment variable naming the hosts file (``keras-adapt discover`` without options).
+ENV_HOSTS_FILE = "KERAS_ADAPT_HOSTS_FILE"
+#: Environment variable holding a fixed host list such as ``h1:2,h2:2``.
+ENV_HOSTS = "KERAS_ADAPT_HOSTS"
+#: Environment variable naming the target worker count file (read by
+#: ``keras-adapt discover``, written by the resize policies).
+ENV_TARGET_FILE = "KERAS_ADAPT_TARGET_FILE"
+#: Suffix of the file caching the last good answer.
+LAST_SUFFIX = ".last"
+
+# A host name or address as Horovod accepts it in host:slots (no colon, no
+# whitespace, no comma).
+_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]%]+$")
+
+
+def write_atomic(path, text):
+    """Replaces ``path`` by a file holding ``text``, atomically.
+
+    The text goes to a temporary file in the same directory, is flushed to
+    disk, and the temporary file is renamed over ``path`` (``os.replace``):
+    a concurrent reader opens either the old file or the new one.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> from keras_adapt.discover import write_atomic
+    >>> path = os.path.join(tempfile.mkdtemp(), "f")
+    >>> write_atomic(path, "2\\n"); open(path).read()
+    '2\\n'
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _check_workers(workers, name="workers"):
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        try:
+            import numpy as np
+
+            if isinstance(workers, np.integer):
+                workers = int(workers)
+        except ImportError:  # pragma: no cover
+            pass
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"{name}={workers!r} is not valid; use an int >= 0 (0: no cap)")
+    return workers
+
+
+def write_target(path, workers):
+    """Writes the target worker count ``workers`` (0: no cap) to ``path`` atomically.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> from keras_adapt.discover import read_target, write_target
+    >>> path = os.path.join(tempfile.mkdtemp(), "target")
+    >>> write_target(path, 4); read_target(path)
+    4
+    """
+    write_atomic(path, f"{_check_workers(workers)}\n")
+
+
+def read_target(path):
+    """The target worker count in ``path``: an int >= 1, or None for no cap.
+
+    No file, an empty file or ``0`` mean no cap. Whitespace around the number
+    is ignored. Anything else raises ``ValueError`` naming the file, the
+    content and the fix.
+
+    Example:
+
+    >>> from keras_adapt.discover import read_target
+    >>> read_target("/nonexistent/target") is None
+    True
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        text = "<not text>"
+    value = text.strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"\d+", value):
+        raise ValueError(
+            f"target file {path}: {value[:40]!r} is not a worker count; it must hold one "
+            "int >= 0 (0: no cap), e.g. write it with keras_adapt.discover.write_target(path, 2)")
+    return int(value) or None
+
+
+def parse_hosts(text, source="hosts"):
+    """``[(host, slots), ...]`` from ``host[:slots]`` entries.
+
+    Entries are separated by newlines or commas; ``#`` starts a comment;
+    blank entries are skipped; ``slots`` defaults to 1. A malformed entry,
+    a host listed twice or a list without hosts raises ``ValueError``
+    naming ``source``, the line and the fix.
+
+    Example:
+
+    >>> from keras_adapt.discover import parse_hosts
+    >>> parse_hosts("a:2, b\\n# spare\\nc:4  # big one")
+    [('a', 2), ('b', 1), ('c', 4)]
+    """
+    hosts, seen = [], set()
+    for number, line in enumerate(text.splitlines(), 1):
+        for entry in line.split("#", 1)[0].split(","):
+            entry = entry.strip()
+            if not entry:
+                continue
+            host, sep, slots = entry.partition(":")
+            host, slots = host.strip(), slots.strip()
+            if not _HOST.match(host) or (sep and not re.fullmatch(r"[1-9]\d*", slots)):
+                raise ValueError(
+                    f"{source} line {number}: {entry!r} is not valid; write one host[:slots] "
+                    "per line (or comma-separated), slots an int >= 1, e.g. node-1:2")
+            if host in seen:
+                raise ValueError(f"{source} line {number}: host {host!r} is listed twice; "
+                                 "list each host once with its total slots")
+            seen.add(host)
+            hosts.append((host, int(slots) if sep else 1))
+    if not hosts:
+        raise ValueError(f"{source} lists no host; write one host[:slots] per line, "
+                         "e.g. node-1:2")
+    return hosts
+
+
+def cap_hosts(hosts, target):
+    """The hosts with their slots trimmed from the end to total ``target``.
+
+    ``target`` None or 0 leaves them as they are; a target above the total
+    slots too (the job gets what there is). Hosts left with no slot are
+    dropped.
+
+    Example:
+
+    >>> from keras_adapt.discover import cap_hosts
+    >>> cap_hosts([("a", 2), ("b", 2)], 3), cap_hosts([("a", 2), ("b", 2)], 1)
+    ([('a', 2), ('b', 1)], [('a', 1)])
+    """
+    if not target:
+        return list(hosts)
+    out, left = [], int(target)
+    for host, slots in hosts:
+        if left <= 0:
+            break
+        out.append((host, min(slots, left)))
+        left -= slots
+    return out
+
+
+def format_hosts(hosts):
+    """The ``host:slots`` lines Horovod reads (no trailing newline).
+
+    Example:
+
+    >>> from keras_adapt.discover import format_hosts
+    >>> format_hosts([("a", 2), ("b", 1)])
+    'a:2\\nb:1'
+    """
+    return "\n".join(f"{host}:{slots}" for host, slots in hosts)
+
+
+def last_good_path(hosts_file=None, target_file=None):
+    """Where the last good answer is cached: next to the target file, else
+    next to the hosts file, else None (a fixed list without a target cannot fail).
+
+    Example:
+
+    >>> from keras_adapt.discover import last_good_path
+    >>> last_good_path("/etc/job/hosts", "/run/job/target")
+    '/run/job/target.last'
+    """
+    base = target_file or hosts_file
+    return None if base is None else base + LAST_SUFFIX
+
+
+def read_last_good(path):
+    """The cached last good answer in ``path``, or None (no file, or nothing
+    that looks like ``host:slots`` lines).
+
+    Example:
+
+    >>> from keras_adapt.discover import read_last_good
+    >>> read_last_good("/nonexistent.last") is None
+    True
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+        return format_hosts(parse_hosts(text, source=path))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def discover(hosts_file=None, hosts=None, target_file=None, cache=True):
+    """The ``host:slots`` lines for Horovod: the hosts, capped by the target.
+
+    Args:
+        hosts_file: a file with one ``host[:slots]`` per line.
+        hosts: a fixed list instead, as text (``"h1:2,h2:2"``) or as
+            ``[(host, slots), ...]``.
+        target_file: the file holding the target worker count (optional).
+        cache: write the answer to :func:`last_good_path` when it changed.
+
+    Raises ``ValueError`` (bad hosts, bad target, neither or both of
+    ``hosts_file`` and ``hosts``) and ``OSError`` (an unreadable hosts
+    file), each naming the bad value and the fix.
+
+    Example:
+
+    >>> from keras_adapt.discover import discover
+    >>> discover(hosts="h1:2,h2:2,h3:1")
+    'h1:2\\nh2:2\\nh3:1'
+    """
+    if (hosts_file is None) == (hosts is None):
+        raise ValueError(
+            "give the hosts either as a file (--hosts-file F, or the environment variable "
+            f"{ENV_HOSTS_FILE}) or as a list (--hosts h1:2,h2:2, or {ENV_HOSTS}), not "
+            f"{'both' if hosts_file is not None else 'neither'}")
+    if hosts_file is not None:
+        try:
+            with open(hosts_file, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"hosts file {hosts_file} does not exist; create it with one host[:slots] "
+                "per line, or point --hosts-file (KERAS_ADAPT_HOSTS_FILE) at it") from None
+        parsed = parse_hosts(text, source=f"hosts file {hosts_file}")
+    elif isinstance(hosts, str):
+        parsed = parse_hosts(hosts, source=f"host list {hosts!r}")
+    else:
+        parsed = parse_hosts(",".join(f"{h}:{s}" for h, s in hosts), source="host list")
+    answer = format_hosts(cap_hosts(parsed, read_target(target_file)))
+    path = last_good_path(hosts_file, target_file)
+    if cache and path is not None and read_last_good(path) != answer:
+        try:
+            write_atomic(path, answer + "\n")
+        except OSError as exc:  # costs the fallback, never the answer
+            warnings.warn(f"keras-adapt discover: cannot cache the answer in {path} ({exc}); "
+                          "make its directory writable to get the last good answer on "
+                          "bad input", RuntimeWarning, stacklevel=2)
+    return answer
