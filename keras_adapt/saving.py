@@ -14,14 +14,11 @@ def _rewrap(optimizer, probe, variables):
     """A distributed copy of the loaded ``optimizer`` (settings of ``probe``)
     holding the same state: built over ``variables``, values copied."""
     new = _optimizer.distributed_class_like(type(optimizer), probe).from_config(optimizer.get_config())
-    old_vars = list(optimizer.variables() if callable(optimizer.variables) else optimizer.variables)
+    old_vars = _optimizer.optimizer_variables(optimizer)
     if len(old_vars) <= 1:  # never trained: nothing but the step counter
         return new
-    if hasattr(new, "_create_all_weights"):  # tf.keras 2 legacy OptimizerV2
-        new._create_all_weights(variables)
-    else:
-        new.build(variables)
-    new_vars = list(new.variables() if callable(new.variables) else new.variables)
+    _optimizer.build_slots(new, variables)
+    new_vars = _optimizer.optimizer_variables(new)
     if len(new_vars) != len(old_vars):
         raise ValueError(
             f"could not carry the state of the saved {type(optimizer).__name__} over: "

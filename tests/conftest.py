@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -101,3 +102,88 @@ def load_rank_results(out_dir, np):
         with open(os.path.join(out_dir, f"rank{r}.json")) as f:
             results.append(json.load(f))
     return results
+
+
+def discovery_script(directory, hosts):
+    """A host discovery script for ``horovodrun --host-discovery-script``: it
+    prints the file ``<directory>/hosts``, which starts as ``hosts`` (one
+    ``host:slots`` per line) and which a test (or a worker) rewrites to add or
+    remove workers. Returns ``(script_path, hosts_path)``."""
+    hosts_path = os.path.join(str(directory), "hosts")
+    with open(hosts_path, "w") as f:
+        f.write(hosts)
+    script = os.path.join(str(directory), "discover.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/sh\nexec cat '{hosts_path}'\n")
+    os.chmod(script, 0o755)
+    return script, hosts_path
+
+
+def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2, timeout=300):
+    """Runs an elastic job of ``script`` (a file in tests/workers, or a path):
+    ``horovodrun -np N --min-np .. --max-np ..
+    --host-discovery-script S --network-interface lo --gloo python script ...``.
+
+    The launcher and every worker it started are killed on timeout (and
+    any left when it ends), so no worker outlives the test. Returns the
+    completed process, with ``leftover``: how many of the job's processes
+    were still alive after it ended (and were killed). Fails the test with
+    the job's output if it exits non-zero or times out.
+    """
+    horovodrun_bin = os.path.join(BIN, "horovodrun")
+    if not os.path.exists(horovodrun_bin):
+        pytest.skip("horovodrun is not installed in this environment")
+    cmd = [horovodrun_bin, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
+           "--host-discovery-script", discovery, "--network-interface", "lo", "--gloo",
+           sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
+    env = _env()
+    # Every process of the job inherits this mark: cleanup finds them all,
+    # also workers that Horovod started in sessions of their own.
+    env[JOB_MARK] = f"{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(env[JOB_MARK])
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{out[-12000:]}")
+    finally:
+        leftover = kill_job(env[JOB_MARK])  # workers that outlived the job
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{out[-12000:]}")
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    done.leftover = leftover
+    return done
+
+
+#: Environment variable marking the processes of one elastic test job.
+JOB_MARK = "KERAS_ADAPT_TEST_JOB"
+
+
+def job_processes(mark):
+    """The live processes whose environment carries ``JOB_MARK=mark``."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(JOB_MARK) == mark:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def kill_job(mark):
+    """SIGKILLs every process of the job marked ``mark``; returns how many were left."""
+    import psutil
+
+    family = job_processes(mark)
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+    return len(family)

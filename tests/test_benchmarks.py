@@ -278,3 +278,21 @@ def test_straggler_quick():
     assert [float(row[2]) for row in table] == pytest.approx(
         [thr[c][0] for c in ("healthy", "record", "rebalance")], abs=0.1)
     assert sum(int(row[4]) for row in table[:1]) == line["false_alarms"]
+
+
+@pytest.mark.primary_only
+def test_resize_latency_quick():
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "resize_latency.py"), "--quick"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    assert list(line)[:4] == ["bench", "down_s", "up_s", "commit_ratio"]
+    assert line["bench"] == "resize_latency" and line["stack"] == "primary"
+    # One scale-down and one scale-up, each a positive pause; the medians are them.
+    assert len(line["downs"]) == len(line["ups"]) == 1
+    assert line["down_s"] == line["downs"][0] and line["up_s"] == line["ups"][0]
+    assert 0 < line["down_s"] < 60 and 0 < line["up_s"] < 120
+    # The commits cost something; how much is the benchmark's result (not
+    # asserted on this shared machine).
+    assert line["commit_ratio"] > 1.0
+    assert line["commit_interval"] >= 1 and line["commit_ms"] > 0 and line["step_ms"] > 0

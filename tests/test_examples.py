@@ -122,3 +122,30 @@ def test_sync_strategies_example_switches_to_post_local_sgd_after_the_decay(tmp_
         assert metadata.SYNC_STRATEGIES[int(points[step])] == name, (step, points[step])
     assert set(switches) <= set(points)
     assert report.has_sync_strategy_panel(run)
+
+
+def test_elastic_example_shrinks_and_grows_and_records_both(tmp_path):  # both stacks
+    import json
+    import re
+
+    from conftest import discovery_script, horovodrun_elastic
+
+    script, hosts = discovery_script(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    done = horovodrun_elastic(
+        os.path.join(ROOT, "examples", "elastic_training.py"),
+        ["--logdir", tmp_path / "log", "--hosts", hosts, "--shrink-at", 20, "--grow-after", 30],
+        script, timeout=400)
+    assert done.leftover == 0
+    with open(tmp_path / "log" / "adapt_events.jsonl") as f:
+        events = [json.loads(line) for line in f]
+    assert [(e["before"]["workers"], e["after"]["workers"]) for e in events] == [(2, 1), (1, 2)], \
+        done.stdout[-6000:]
+    assert [(e["before"]["batch_size"], e["after"]["batch_size"]) for e in events] == [
+        (32, 64), (64, 32)]
+    assert all(e["kind"] == "resize" and e["after"]["pause_s"] > 0 for e in events)
+    printed = re.findall(r"resize at step (\d+): .* pause ([0-9.]+) s", done.stdout)
+    assert [int(step) for step, _ in printed] == [e["step"] for e in events]
+    final = re.search(r"(\d) worker\(s\) at the end, (\d+) steps, test accuracy ([0-9.]+)",
+                      done.stdout)
+    assert final and (final[1], final[2]) == ("2", "200")  # 10 epochs x 20 steps, none twice
+    assert float(final[3]) > 0.85

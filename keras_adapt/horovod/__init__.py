@@ -57,6 +57,7 @@ from horovod.tensorflow import (  # noqa: F401 - re-exported for porting scripts
 from keras_adapt import optimizer as _optimizer
 from keras_adapt import saving as _saving
 from keras_adapt.horovod import callbacks  # noqa: F401 - hvd.callbacks.*
+from keras_adapt import elastic  # noqa: F401 - hvd.elastic.* (KerasState, run, ...)
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allreduce",
            "broadcast", "load_model"]

@@ -45,6 +45,7 @@ from keras_adapt.optimizer.learning_rate import (
     set_base_learning_rate,
 )
 from keras_adapt.optimizer.lr_control import LearningRateControl, enable_lr_control, is_schedule
+from keras_adapt.optimizer.slots import build_slots, optimizer_variables
 from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables, variable_key
 from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL, PreviousGradient
 
@@ -58,6 +59,7 @@ __all__ = [
     "PreviousGradient",
     "WorkerLocalVariables",
     "base_learning_rate",
+    "build_slots",
     "distributed_class",
     "distributed_class_like",
     "effective_learning_rate",
@@ -65,6 +67,7 @@ __all__ = [
     "enable_lr_control",
     "is_distributed",
     "is_schedule",
+    "optimizer_variables",
     "require_distributed",
     "set_base_learning_rate",
     "variable_key",

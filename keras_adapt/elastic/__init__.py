@@ -1,0 +1,36 @@
+"""Elastic ``model.fit`` on Horovod Elastic: workers may come and go.
+
+Horovod's names, for keras-adapt on Keras 3 and tf.keras 2 (see
+docs/elastic.md): :class:`KerasState`, :func:`run`,
+:class:`CommitStateCallback`, :class:`UpdateBatchStateCallback`,
+:class:`UpdateEpochStateCallback`; plus :class:`ResizeRule` (how the
+batch and the learning rate follow the worker count) and :func:`fit`
+(resumes mid-epoch at the committed step).
+
+Example:
+
+>>> import keras_adapt.elastic as elastic
+>>> elastic.ResizeRule("keep", global_batch=64).per_worker_batch(2)
+32
+"""
+
+from keras_adapt.elastic.callbacks import (
+    CommitStateCallback,
+    UpdateBatchStateCallback,
+    UpdateEpochStateCallback,
+)
+from keras_adapt.elastic.fit import fit
+from keras_adapt.elastic.resize_rule import ResizeRule
+from keras_adapt.elastic.run import is_collective_failure, run
+from keras_adapt.elastic.state import KerasState
+
+__all__ = [
+    "CommitStateCallback",
+    "KerasState",
+    "ResizeRule",
+    "UpdateBatchStateCallback",
+    "UpdateEpochStateCallback",
+    "fit",
+    "is_collective_failure",
+    "run",
+]

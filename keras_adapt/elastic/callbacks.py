@@ -1,0 +1,235 @@
+"""Horovod's elastic Keras callbacks, for keras-adapt on both stacks.
+
+The three callbacks may be given in any order: the commit waits for the
+start of the next step (or epoch, or the end of training), by when the
+position callbacks have recorded the step that just ended.
+"""
+
+import math
+import time
+
+import keras
+import numpy as np
+
+#: ``batches_per_commit="auto"`` (the default) commits every this many steps
+#: until it has measured :data:`AUTO_MEASURED_COMMITS` commits of this ``fit``.
+AUTO_FIRST_INTERVAL = 10
+#: How many commits (and the steps between them) "auto" measures.
+AUTO_MEASURED_COMMITS = 3
+#: The share of the step time "auto" lets commits cost.
+AUTO_MAX_COST = 0.01
+#: The longest interval "auto" chooses (a failure loses at most this many steps).
+AUTO_MAX_INTERVAL = 1000
+
+
+def auto_interval(commit_seconds, step_seconds, max_cost=AUTO_MAX_COST,
+                  max_interval=AUTO_MAX_INTERVAL):
+    """The fewest steps between commits that keeps a commit of
+    ``commit_seconds`` under ``max_cost`` of the time of the steps it follows
+    (``step_seconds`` each), at most ``max_interval``.
+
+    Example:
+
+    >>> from keras_adapt.elastic.callbacks import auto_interval
+    >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 200 steps
+    200
+    >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 2 steps
+    2
+    """
+    if not (commit_seconds >= 0.0 and step_seconds > 0.0):
+        return AUTO_FIRST_INTERVAL
+    k = math.ceil(commit_seconds / (max_cost * step_seconds) - 1e-9)
+    return int(min(max(k, 1), max_interval))
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """Commits ``state`` every ``batches_per_commit`` steps and at each
+    epoch's end (Horovod's name).
+
+    A commit copies the state to host memory and checks, with one small
+    broadcast, whether workers are about to come or go; if so every rank
+    leaves ``fit`` at the same step and the elastic run re-forms the job.
+    A worker that fails loses the steps since the last commit.
+
+    Args:
+        state: the :class:`~keras_adapt.elastic.KerasState`.
+        batches_per_commit: steps between commits, or ``"auto"`` (the
+            default): every :data:`AUTO_FIRST_INTERVAL` steps at first, then,
+            after :data:`AUTO_MEASURED_COMMITS` commits of each ``fit``, the
+            interval that keeps commits under 1% of the step time
+            (:func:`auto_interval` of the median commit and step times,
+            averaged over the workers with one allreduce, so every rank
+            commits at the same steps).
+
+    Attributes:
+        commits: commits made so far.
+        commit_seconds: the time they took in all (their cost to training).
+        interval: the steps between commits now.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.elastic import KerasState, CommitStateCallback
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    >>> cb = CommitStateCallback(KerasState(model))
+    >>> cb.batches_per_commit, cb.interval
+    ('auto', 10)
+    """
+
+    def __init__(self, state, batches_per_commit="auto"):
+        super().__init__()
+        if not hasattr(state, "commit"):
+            raise TypeError(f"state must be an elastic state (KerasState), got {state!r}")
+        k = batches_per_commit
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"batches_per_commit={k!r} is not valid; use a positive int "
+                             "or 'auto' (the default)")
+        self.state = state
+        self.batches_per_commit = k
+        self.interval = AUTO_FIRST_INTERVAL if k == "auto" else k
+        self.commits = 0
+        self.commit_seconds = 0.0
+        self._since = 0
+        self._due = False
+        self._commit_times = []
+        self._step_times = []
+        self._step_start = None
+
+    def _commit_if_due(self):
+        if not self._due:
+            return
+        self._due = False
+        self.commits += 1
+        start = time.perf_counter()
+        try:
+            self.state.commit()
+        finally:
+            took = time.perf_counter() - start
+            self.commit_seconds += took
+        if self.batches_per_commit == "auto" and self._commit_times is not None:
+            self._commit_times.append(took)
+            if len(self._commit_times) == AUTO_MEASURED_COMMITS:
+                self._choose_interval()
+
+    def _choose_interval(self):
+        """Every rank runs this at the same commit: one allreduce averages
+        the measurements, so all choose the same interval."""
+        from keras_adapt import _hvd
+
+        commit_s, step_s = _hvd.host_allreduce_mean(
+            [np.median(self._commit_times), np.median(self._step_times or [0.0])],
+            name="keras_adapt_commit_interval")
+        self.interval = auto_interval(float(commit_s), float(step_s))
+        self._commit_times = None  # chosen for this fit
+
+    def on_train_begin(self, logs=None):
+        # The same count on every rank after a reset; "auto" measures anew
+        # (the worker count, and with it the step time, may have changed).
+        self._since = 0
+        self._due = False
+        self._step_start = None
+        if self.batches_per_commit == "auto":
+            self.interval = AUTO_FIRST_INTERVAL
+            self._commit_times, self._step_times = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # A step's time: from the start of one step to the start of the next
+        # (every callback included), before the commit that may come between.
+        now = time.perf_counter()
+        if self._step_start is not None and self._commit_times is not None:
+            self._step_times.append(now - self._step_start)
+        self._commit_if_due()
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.step_finished()
+        self._since += 1
+        if self._since >= self.interval:
+            self._since = 0
+            self._due = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._step_start = None
+        self._commit_if_due()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._since = 0
+        self._due = True
+
+    def on_train_end(self, logs=None):
+        self._commit_if_due()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Keeps ``state.batch`` at the number of steps completed in the current
+    epoch, counting the steps done before a reset (Horovod's name).
+
+    Example:
+
+    >>> import keras, keras_adapt, numpy as np
+    >>> from keras_adapt.elastic import KerasState, UpdateBatchStateCallback
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    >>> state = KerasState(model)
+    >>> _ = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, verbose=0,
+    ...               callbacks=[UpdateBatchStateCallback(state)])
+    >>> state.batch   # four steps, then the epoch ended
+    0
+    """
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self._offset = 0
+
+    def on_train_begin(self, logs=None):
+        # A fit that resumes mid-epoch starts after state.batch steps.
+        self._offset = self.state.batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.batch = self._offset + batch + 1
+        self.state.step_finished()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._offset = 0
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Keeps ``state.epoch`` at the number of epochs completed (Horovod's name).
+
+    Horovod's version adds its starting epoch to the epoch Keras reports,
+    which counts every epoch twice when ``fit`` is given
+    ``initial_epoch=state.epoch`` (Horovod #2844). This one takes the
+    offset from the first epoch ``fit`` reports, so both
+    ``fit(initial_epoch=state.epoch, epochs=E)`` and Horovod's
+    ``fit(epochs=E - state.epoch)`` count right.
+
+    Example:
+
+    >>> import keras, keras_adapt, numpy as np
+    >>> from keras_adapt.elastic import KerasState, UpdateEpochStateCallback
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    >>> state = KerasState(model, epoch=2)
+    >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), initial_epoch=state.epoch,
+    ...               epochs=5, verbose=0, callbacks=[UpdateEpochStateCallback(state)])
+    >>> state.epoch
+    5
+    """
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self._offset = None
+
+    def on_train_begin(self, logs=None):
+        self._offset = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._offset is None:
+            self._offset = self.state.epoch - epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = self._offset + epoch + 1

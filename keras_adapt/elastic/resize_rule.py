@@ -1,0 +1,126 @@
+"""``ResizeRule``: what changes with the number of workers of an elastic job."""
+
+from keras_adapt import optimizer as _optimizer
+from keras_adapt.policies import scaling_rules
+
+MODES = ("keep", "scale", "none")
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not valid; use a positive int")
+    return value
+
+
+class ResizeRule:
+    """How the batch and the learning rate follow the worker count N.
+
+    * ``"keep"``: the global batch ``global_batch`` stays; each worker takes
+      ``global_batch // N`` samples per step (the learning rate stays, since
+      the batch does). ``global_batch`` must divide by every N the job may
+      have (checked at each change, with the fix in the error).
+    * ``"scale"``: each worker keeps ``batch_size`` samples per step, so the
+      global batch is ``N x batch_size``, and the learning rate is multiplied
+      by ``scaling.factor(N / base_workers)`` (a rule of
+      :mod:`keras_adapt.policies.scaling_rules`: ``"linear"``, ``"sqrt"``,
+      ``"adascale"`` ...) through keras-adapt's learning-rate factor, so the
+      learning rate you configured is the one for ``base_workers`` workers.
+    * ``"none"``: nothing changes.
+
+    Args:
+        mode: ``"keep"``, ``"scale"`` or ``"none"``.
+        global_batch: the global batch to keep (``"keep"``).
+        batch_size: the per-worker batch (``"scale"``).
+        scaling: the learning-rate rule for ``"scale"`` (name, config or
+            :class:`~keras_adapt.policies.ScalingRule`; default linear). Its
+            ``warmup_steps`` ramps the new rate in.
+        base_workers: the worker count the configured learning rate is for.
+
+    Example:
+
+    >>> from keras_adapt.elastic import ResizeRule
+    >>> keep = ResizeRule("keep", global_batch=64)
+    >>> [keep.per_worker_batch(n) for n in (1, 2, 4)]
+    [64, 32, 16]
+    >>> scale = ResizeRule("scale", batch_size=32, scaling="sqrt", base_workers=1)
+    >>> scale.per_worker_batch(4), scale.lr_factor(4)
+    (32, 2.0)
+    """
+
+    def __init__(self, mode="keep", global_batch=None, batch_size=None, scaling="linear",
+                 base_workers=1):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not valid; use one of {', '.join(MODES)}")
+        self.mode = mode
+        self.base_workers = _positive("base_workers", base_workers)
+        self.global_batch = None
+        self.batch_size = None
+        if mode == "keep":
+            if global_batch is None:
+                raise ValueError("mode='keep' needs global_batch=<the global batch to keep>")
+            self.global_batch = _positive("global_batch", global_batch)
+        elif mode == "scale":
+            if batch_size is None:
+                raise ValueError("mode='scale' needs batch_size=<the per-worker batch>")
+            self.batch_size = _positive("batch_size", batch_size)
+        self.scaling = scaling_rules.get(scaling)
+
+    @classmethod
+    def get(cls, rule):
+        """A rule from a :class:`ResizeRule` or None (mode ``"none"``).
+
+        Example:
+
+        >>> from keras_adapt.elastic import ResizeRule
+        >>> ResizeRule.get(None).mode
+        'none'
+        """
+        if rule is None:
+            return cls("none")
+        if not isinstance(rule, ResizeRule):
+            raise TypeError(f"rule must be a keras_adapt.elastic.ResizeRule or None, got {rule!r}")
+        return rule
+
+    def per_worker_batch(self, workers):
+        """Each worker's batch with ``workers`` workers (None in mode ``"none"``)."""
+        if self.mode == "keep":
+            if self.global_batch % workers:
+                raise ValueError(
+                    f"ResizeRule('keep', global_batch={self.global_batch}) cannot split over "
+                    f"{workers} workers; use a global_batch divisible by every worker count the "
+                    "job may have (for example their least common multiple)"
+                )
+            return self.global_batch // workers
+        return self.batch_size
+
+    def lr_factor(self, workers, stats=None):
+        """The learning-rate factor with ``workers`` workers (1 unless ``"scale"``)."""
+        if self.mode != "scale":
+            return 1.0
+        return float(self.scaling.factor(workers / self.base_workers, stats,
+                                         base_batch=self.base_workers * self.batch_size))
+
+    def apply(self, model, before, after):
+        """Applies the rule for a change from ``before`` to ``after`` workers
+        to ``model``'s optimizer; returns ``{"before": {...}, "after": {...}}``
+        with what changed (for the ``resize`` event)."""
+        optimizer = model.optimizer
+        if self.mode == "none":
+            return {"before": {}, "after": {}}
+        out = {"before": {"batch_size": self.per_worker_batch(before),
+                          "global_batch": before * self.per_worker_batch(before),
+                          "lr": _optimizer.effective_learning_rate(optimizer)},
+               "after": {"batch_size": self.per_worker_batch(after),
+                         "global_batch": after * self.per_worker_batch(after)}}
+        if self.mode == "scale":
+            from keras_adapt.actuators import LearningRateScale
+
+            stats = optimizer.gradient_statistics
+            factor = self.lr_factor(after, None if stats is None else stats.result())
+            LearningRateScale(model).set(factor, warmup_steps=self.scaling.warmup_steps)
+            # The rate once any warm-up ramp has ended.
+            out["after"].update(lr_factor=factor,
+                                lr=_optimizer.base_learning_rate(optimizer) * factor)
+        else:
+            out["after"]["lr"] = _optimizer.effective_learning_rate(optimizer)
+        return out

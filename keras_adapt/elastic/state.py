@@ -1,0 +1,271 @@
+"""``KerasState``: the elastic state of a Keras model trained with keras-adapt.
+
+Built on ``horovod.common.elastic.ObjectState`` (Horovod's ``KerasState``
+calls ``optimizer.variables()``, a property on Keras 3). What it holds:
+
+* the model's weights and the optimizer's variables (slots included),
+  copied in memory by :meth:`KerasState.save` and broadcast from rank 0 by
+  :meth:`KerasState.sync` with ``horovod.tensorflow`` broadcasts;
+* keras-adapt's state of the optimizer (``optimizer.adapt_state``): the
+  gradient statistics' moving averages and counters, the update counter,
+  the accumulation k and the learning-rate factor;
+* the position: ``epoch`` (epochs completed) and ``batch`` (batches
+  completed in the current epoch), plus any keyword given;
+* the ``get_state()`` of the policies given as ``policies=``.
+
+On every reset (a worker came or went) the train function is dropped, so
+the next ``fit`` traces it again with the new worker count, and the
+:class:`~keras_adapt.elastic.ResizeRule` rescales the batch or the
+learning rate; the first step after the reset records a ``resize`` event.
+"""
+
+import time
+
+import tensorflow as tf
+
+try:
+    from horovod.common.elastic import ObjectState
+    import horovod.tensorflow as _hvd_tf
+except ImportError as exc:  # pragma: no cover - both stacks have Horovod
+    raise ImportError(
+        "keras_adapt.elastic needs Horovod (horovod==0.28.1 with Gloo); see docs/install.md"
+    ) from exc
+
+from keras_adapt import _hvd, events
+from keras_adapt import optimizer as _optimizer
+from keras_adapt.callbacks.broadcast_global_variables import broadcast_variables
+from keras_adapt.elastic.resize_rule import ResizeRule
+
+
+def _adapt_variables(adapt_state):
+    """keras-adapt's variables of one optimizer, by a stable name: the same
+    names and order on every rank (all made when the optimizer, the
+    accumulation or the learning-rate control was made, never at a trace)."""
+    out = {"updates": adapt_state.updates, "skipped": adapt_state.skipped}
+    if adapt_state.statistics is not None:
+        for i, v in enumerate(adapt_state.statistics.variables):
+            out[f"statistics/{i}"] = v
+    control = adapt_state.lr_control
+    if control is not None:
+        for name in ("start", "target", "begin", "ramp", "gain", "progress"):
+            out[f"lr_control/{name}"] = getattr(control, name)
+    if adapt_state.accumulation is not None:
+        out["accumulation/steps"] = adapt_state.accumulation.steps
+    return out
+
+
+def _signature(variables):
+    return [tuple(int(d) for d in v.shape) for v in variables]
+
+
+class KerasState(ObjectState):
+    """Elastic state of a Keras model, its keras-adapt optimizer and the
+    training position, for :func:`keras_adapt.elastic.run`.
+
+    Make it after the model is built and compiled, and before ``run``: it
+    creates the optimizer's slots without any collective (a worker that
+    joins a running job must not run collectives the others do not), so the
+    first ``sync`` finds the same variables on every rank.
+
+    Args:
+        model: a built Keras model compiled with
+            ``keras_adapt.DistributedOptimizer``.
+        optimizer: the optimizer, if not ``model.optimizer``.
+        batch: batches completed in the current epoch (0 to start).
+        epoch: epochs completed (0 to start).
+        rule: a :class:`~keras_adapt.elastic.ResizeRule` (or its mode,
+            ``"keep"`` / ``"scale"``, with ``global_batch`` or ``batch_size``):
+            how the batch and the learning rate follow the worker count. None:
+            neither changes.
+        log_dir: where rank 0 appends the ``resize`` events
+            (``adapt_events.jsonl``); None: listeners only.
+        policies: keras-adapt policies whose ``get_state()`` is committed and
+            restored with the rest.
+        **kwargs: more values to commit, restore and sync (any picklable
+            python object), exposed as attributes.
+
+    Attributes:
+        workers: the number of workers now.
+        batch_size: the per-worker batch under the rule now (None without a
+            rule that sets it); build the data with it.
+        resizes: the ``resize`` events this process recorded.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.elastic import KerasState
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(0.01)), "mse")
+    >>> state = KerasState(model, rule=keras_adapt.elastic.ResizeRule("keep", global_batch=32))
+    >>> state.epoch, state.batch, state.workers, state.batch_size
+    (0, 0, 1, 32)
+    """
+
+    def __init__(self, model, optimizer=None, batch=0, epoch=0, rule=None, log_dir=None,
+                 policies=(), **kwargs):
+        if not getattr(model, "built", False) or not model.weights:
+            raise ValueError(
+                "KerasState needs a built model: give it an Input (keras.Input(shape)) or call "
+                "model.build(input_shape) first, so every worker has the same weights to sync"
+            )
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if optimizer is None or not _optimizer.is_distributed(optimizer):
+            raise ValueError(
+                "KerasState needs the model compiled with keras_adapt.DistributedOptimizer(...) "
+                f"(got optimizer {type(optimizer).__name__ if optimizer is not None else None}); "
+                "Horovod's own optimizer wrapper does not average gradients on Keras 3"
+            )
+        for name, value in (("batch", batch), ("epoch", epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} is not valid; use an int >= 0")
+        self.model = model
+        self.optimizer = optimizer
+        self.rule = ResizeRule.get(rule)
+        self.log_dir = log_dir
+        self.policies = list(policies)
+        for p in self.policies:
+            if not (hasattr(p, "get_state") and hasattr(p, "restore")):
+                raise TypeError(f"policies must have get_state() and restore(), got {p!r}")
+        self.resizes = []
+        # Slots now, without a collective (Horovod #2652: a new worker that
+        # makes them in its first step runs collectives nobody matches).
+        _optimizer.build_slots(optimizer, model.trainable_variables)
+        self.workers = _hvd.size()
+        self.batch_size = None
+        self._last_step_end = None
+        self._pending = None
+        self.adapt = {}
+        self.policy_states = []
+        self.signature = _signature(self._tensors())
+        self._snapshot_host()
+        self._save_tensors()
+        super().__init__(bcast_object=_hvd_tf.broadcast_object, get_rank=_hvd.rank,
+                         batch=batch, epoch=epoch, adapt=self.adapt,
+                         policy_states=self.policy_states, signature=self.signature, **kwargs)
+        self.rescaled = self.rule.apply(self.model, self.workers, self.workers)
+        self.batch_size = self.rule.per_worker_batch(self.workers)
+
+    # -- what is saved --------------------------------------------------------
+    def _tensors(self):
+        return list(self.model.weights) + _optimizer.optimizer_variables(self.optimizer)
+
+    def _snapshot_host(self):
+        adapt_state = self.optimizer.adapt_state
+        self.adapt = {k: v.numpy() for k, v in _adapt_variables(adapt_state).items()}
+        control = adapt_state.lr_control
+        self.adapt["lr_control/use_progress"] = None if control is None else control.use_progress
+        self.policy_states = [p.get_state() for p in self.policies]
+
+    def _save_tensors(self):
+        self._saved_tensors = [tf.identity(tf.convert_to_tensor(v)) for v in self._tensors()]
+
+    def _load_host(self):
+        adapt_state = self.optimizer.adapt_state
+        use_progress = self.adapt.get("lr_control/use_progress")
+        if use_progress is not None:
+            _optimizer.enable_lr_control(self.optimizer, bool(use_progress))
+            self.model.train_function = None
+        if "accumulation/steps" in self.adapt and adapt_state.accumulation is None:
+            _optimizer.enable_accumulation(self.optimizer, int(self.adapt["accumulation/steps"]))
+            self.model.train_function = None
+        local = _adapt_variables(adapt_state)
+        for key, value in self.adapt.items():
+            if key in local:
+                local[key].assign(value)
+        if adapt_state.accumulation is not None:
+            adapt_state.accumulation.steps_value = int(adapt_state.accumulation.steps.numpy())
+        for p, s in zip(self.policies, self.policy_states):
+            p.restore(s)
+
+    def save(self):
+        """Copies everything into host memory (called by ``commit``)."""
+        self._save_tensors()
+        self._snapshot_host()
+        super().save()
+
+    def restore(self):
+        """Returns to the last committed state (after a worker failed)."""
+        for v, saved in zip(self._tensors(), self._saved_tensors):
+            v.assign(saved)
+        super().restore()
+        self._load_host()
+
+    def sync(self):
+        """Makes every rank hold rank 0's state: the position, keras-adapt's
+        state and the policies' by one object broadcast, then the weights and
+        the optimizer's variables by tensor broadcasts."""
+        mine = _signature(self._tensors())
+        # Broadcast the state as it is now, not as last committed: a reset
+        # has just applied the resize rule (the learning-rate factor).
+        self._snapshot_host()
+        super().save()
+        super().sync()
+        if self.signature != mine:
+            raise ValueError(
+                f"rank {_hvd.rank()} has variables of shapes {mine} but rank 0 has "
+                f"{self.signature}: every worker must build the same model and optimizer "
+                "before KerasState (use the same script everywhere)"
+            )
+        broadcast_variables(self._tensors(), root_rank=0)
+        self._load_host()
+        self._save_tensors()
+        self._snapshot_host()
+        super().save()
+
+    def reset(self):
+        """After a worker came or went, before the sync: drops the compiled
+        functions (the worker count is read when they are traced), drops a
+        partly accumulated update and this worker's previous gradient (they
+        belong to the old membership), and applies the resize rule."""
+        before, after = self.workers, _hvd.size()
+        self.model.train_function = None
+        self.model.test_function = None
+        self.model.predict_function = None
+        adapt_state = self.optimizer.adapt_state
+        acc = adapt_state.accumulation
+        if acc is not None and acc.grads is not None:
+            acc.reset()
+        if adapt_state.previous is not None:
+            adapt_state.previous.stored.assign(False)
+        self.workers = after
+        self.rescaled = self.rule.apply(self.model, before, after)
+        self.batch_size = self.rule.per_worker_batch(after)
+        self._pending = {"before": before, "after": after, "since": self._last_step_end,
+                         "reset_at": time.time()}
+
+    # -- the resize event ------------------------------------------------------
+    def step_finished(self):
+        """Marks the end of a training step (called by the elastic callbacks).
+
+        The first step that ends after a reset records the ``resize`` event:
+        workers before and after, the pause ``pause_s`` (from the end of the
+        last step before the change to the end of this one: the training
+        time the change cost, the new trace included) in two parts,
+        ``reform_s`` (leaving ``fit`` and re-forming the Horovod job) and
+        ``resume_s`` (the sync, the new trace and the step), and what was
+        rescaled. Returns that event, else None.
+        """
+        now = time.time()
+        pending, self._pending = self._pending, None
+        self._last_step_end = now
+        if pending is None:
+            return None
+        since = pending["since"] if pending["since"] is not None else pending["reset_at"]
+        pause = now - since
+        before, after = pending["before"], pending["after"]
+        change = "shrank" if after < before else "grew" if after > before else "restarted"
+        event = events.emit(
+            "resize", step=int(self.optimizer.iterations.numpy()), epoch=int(self.epoch),
+            policy="KerasState", reason=f"workers {before} -> {after} ({change})",
+            before={"workers": before, **self.rescaled["before"]},
+            after={"workers": after, "pause_s": round(pause, 6),
+                   "reform_s": round(pending["reset_at"] - since, 6),
+                   "resume_s": round(now - pending["reset_at"], 6), **self.rescaled["after"]},
+            log_dir=self.log_dir)
+        self.resizes.append(event)
+        return event
+
+    @property
+    def lr(self):
+        """The effective learning rate now (base x keras-adapt's factor)."""
+        return _optimizer.effective_learning_rate(self.optimizer)

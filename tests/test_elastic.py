@@ -1,0 +1,386 @@
+"""Elastic training: real ``horovodrun`` elastic jobs (Gloo, host discovery on
+one machine as the two hosts ``localhost`` and ``127.0.0.1``), and the
+single-process rules of the elastic callbacks and the resize rule.
+
+Each job trains 3 epochs of 30 steps (tests/workers/elastic_train.py); the
+hosts file the discovery script prints is rewritten by rank 0 at a given
+step, or a worker SIGKILLs itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import WORKERS, _env, discovery_script, horovodrun_elastic
+
+EPOCHS, STEPS, COMMIT = 3, 30, 4
+TOTAL = EPOCHS * STEPS
+TWO_HOSTS = "localhost:1\n127.0.0.1:1\n"
+ONE_HOST = "localhost:1\n"
+LR = 0.02
+
+
+def _job(tmp_path, rule, actions, commit=COMMIT):
+    out, log = tmp_path / "out", tmp_path / "log"
+    out.mkdir()
+    script, hosts = discovery_script(tmp_path, TWO_HOSTS)
+    args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", rule,
+            "--epochs", EPOCHS, "--steps", STEPS, "--commit", commit, "--lr", LR,
+            "--actions", json.dumps(actions)]
+    done = horovodrun_elastic("elastic_train.py", args, script, np=2, min_np=1, max_np=2,
+                              timeout=300)
+    finals = [json.load(open(out / name)) for name in sorted(os.listdir(out))
+              if name.startswith("final_")]
+    finals.sort(key=lambda r: r["rank"])
+    from keras_adapt.events import read_events
+
+    return done, finals, read_events(str(log))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same global batches in one process, without elastic machinery."""
+    out = tmp_path_factory.mktemp("reference")
+    subprocess.run([sys.executable, os.path.join(WORKERS, "elastic_train.py"), "--out", str(out),
+                    "--reference", "--epochs", str(EPOCHS), "--steps", str(STEPS),
+                    "--lr", str(LR)], env=_env(), check=True, capture_output=True, timeout=300)
+    with open(out / "reference.json") as f:
+        return json.load(f)
+
+
+def _ids(final):
+    return [s["id"] for s in final["steps"]]
+
+
+def _assert_finished(final):
+    assert (final["epoch"], final["batch"]) == (EPOCHS, 0)
+    assert final["iterations"] == TOTAL  # every step applied once, none twice
+    assert np.isfinite(final["stats"]["gns"]) and final["stats"]["gns"] > 0
+
+
+def _assert_weights(final, reference):
+    # "keep": every worker count computes the same global batches, so the
+    # weights equal the one-process run's iff no step was lost or repeated.
+    for got, want in zip(final["weights"], reference["weights"]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+def _first_step_with(final, workers, after=0):
+    """The first step run with ``workers`` workers after update ``after``:
+    the step whose end records the resize event."""
+    return next(s for s in final["steps"] if s["workers"] == workers and s["iterations"] > after)
+
+
+def _resize(event, before, after):
+    assert event["kind"] == "resize" and event["rank"] == 0 and event["policy"] == "KerasState"
+    assert (event["before"]["workers"], event["after"]["workers"]) == (before, after)
+    assert 0.0 < event["after"]["pause_s"] < 60.0
+    return event
+
+
+def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
+    done, finals, events = _job(tmp_path, "keep", [
+        {"step": 10, "do": "hosts", "hosts": ONE_HOST}], commit="auto")
+    assert done.leftover == 0
+    assert [f["workers"] for f in finals] == [1]  # the removed worker left
+    final = finals[0]
+    _assert_finished(final)
+    assert _ids(final) == list(range(TOTAL))  # exactly once each, in order
+    _assert_weights(final, reference)
+    # The per-worker batch doubled, the global batch and the rate stayed.
+    assert {(s["workers"], s["batch_size"]) for s in final["steps"]} == {(2, 16), (1, 32)}
+    assert {s["lr"] for s in final["steps"]} == pytest.approx([LR])
+    (event,) = events
+    _resize(event, 2, 1)
+    assert (event["before"]["batch_size"], event["after"]["batch_size"]) == (16, 32)
+    assert event["before"]["global_batch"] == event["after"]["global_batch"] == 32
+    assert event["before"]["lr"] == pytest.approx(LR) and event["after"]["lr"] == pytest.approx(LR)
+    assert event["step"] == _first_step_with(final, 1)["iterations"]
+    # The statistics after the change come from the one-worker estimator
+    # over the whole global batch of 32.
+    assert final["stats"]["batch_size"] == 32.0
+    # "auto" commits: every 10 steps at first, then as its measurements say
+    # (each 40 ms step sleeps, so a few-ms commit allows one every step or two).
+    assert 1 <= final["commit_interval"] <= 10
+    print(f"commit interval {final['commit_interval']}, {final['commits']} commits")
+    print(f"scale-down pause {event['after']['pause_s']:.3f} s")
+
+
+def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
+    done, finals, events = _job(tmp_path, "scale", [
+        {"step": 8, "do": "hosts", "hosts": ONE_HOST},
+        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1}])
+    assert done.leftover == 0
+    assert [f["workers"] for f in finals] == [2, 2]
+    old, new = finals
+    for final in finals:
+        _assert_finished(final)
+    # The two ranks end identical: weights and optimizer state (slots).
+    assert old["weights"] == new["weights"]
+    assert old["optimizer"] == new["optimizer"]
+    assert _ids(old) == list(range(TOTAL))
+    # The new worker joined at a commit and ran every step from there on.
+    joined = _ids(new)
+    assert joined == list(range(joined[0], TOTAL)) and joined[0] > 8
+    assert new["syncs"][0]["batch"] + new["syncs"][0]["epoch"] * STEPS == joined[0]
+    # "scale", linear, rates given for 2 workers: half the rate on one.
+    for s in old["steps"]:
+        assert s["batch_size"] == 16
+        assert s["lr"] == pytest.approx(LR * s["workers"] / 2, rel=1e-6)
+    assert {s["workers"] for s in old["steps"]} == {1, 2}
+    down, up = events
+    _resize(down, 2, 1)
+    _resize(up, 1, 2)
+    assert (down["before"]["global_batch"], down["after"]["global_batch"]) == (32, 16)
+    assert (up["before"]["global_batch"], up["after"]["global_batch"]) == (16, 32)
+    assert (down["before"]["lr"], down["after"]["lr"]) == pytest.approx((LR, LR / 2))
+    assert (up["before"]["lr"], up["after"]["lr"]) == pytest.approx((LR / 2, LR))
+    assert (down["after"]["lr_factor"], up["after"]["lr_factor"]) == (0.5, 1.0)
+    assert down["step"] == _first_step_with(old, 1)["iterations"]
+    assert up["step"] == _first_step_with(old, 2, after=down["step"])["iterations"]
+    assert old["lr"] == new["lr"] == pytest.approx(LR)
+    assert old["stats"] == new["stats"] and old["stats"]["batch_size"] == 32.0
+    print(f"pauses: down {down['after']['pause_s']:.3f} s, up {up['after']['pause_s']:.3f} s")
+
+
+def test_killed_worker_the_other_continues_from_the_last_commit(tmp_path, reference):
+    kill_after = 13  # mid-epoch, between commits (after steps 3, 7, 11, 15, ...)
+    done, finals, events = _job(tmp_path, "keep", [{"step": kill_after, "do": "kill", "rank": 1}])
+    assert done.leftover == 0
+    assert [f["workers"] for f in finals] == [1]
+    final = finals[0]
+    _assert_finished(final)
+    ids = _ids(final)
+    # Rank 0 ran past the kill until its collective failed, then went back
+    # to the last commit: only uncommitted steps ran twice, at most COMMIT.
+    restart = next(i for i in range(1, len(ids)) if ids[i] <= ids[i - 1])
+    assert ids[:restart] == list(range(restart))
+    assert ids[restart:] == list(range(ids[restart], TOTAL))
+    redone = restart - ids[restart]
+    assert 1 <= redone <= COMMIT and ids[restart] % COMMIT == 0
+    assert kill_after < restart <= kill_after + 2
+    _assert_weights(final, reference)  # the redone steps replaced the lost ones exactly
+    (event,) = events
+    _resize(event, 2, 1)
+    assert (event["before"]["batch_size"], event["after"]["batch_size"]) == (16, 32)
+    print(f"failure pause {event['after']['pause_s']:.3f} s, {redone} steps redone")
+
+
+# -- one process: the rules of the callbacks, the state and the resize rule ----
+
+def _model(lr=0.05, **kwargs):
+    import keras
+
+    import keras_adapt
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(lr), **kwargs), "mse")
+    return model
+
+
+def _data(n=40):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 3)).astype("float32")
+    return x, x @ np.array([[1.0], [-2.0], [0.5]], "float32")
+
+
+def test_epochs_are_counted_once_with_initial_epoch_and_with_horovods_pattern():
+    from keras_adapt import elastic
+
+    x, y = _data()
+    for pattern in ("initial_epoch", "horovod"):
+        model = _model()
+        state = elastic.KerasState(model, epoch=2)
+        seen = []
+        cb = elastic.UpdateEpochStateCallback(state)
+        kwargs = ({"initial_epoch": state.epoch, "epochs": 5} if pattern == "initial_epoch"
+                  else {"epochs": 5 - state.epoch})
+        model.fit(x, y, batch_size=10, verbose=0, callbacks=[
+            cb, _Lambda(on_epoch_end=lambda e, logs: seen.append(state.epoch))], **kwargs)
+        # Horovod's rule (initial + epoch + 1) gives 5, 7, 9 with initial_epoch.
+        assert seen == [3, 4, 5], pattern
+        assert state.epoch == 5
+
+
+class _Lambda:
+    """A tiny callback from functions (keras.callbacks.LambdaCallback on both stacks)."""
+
+    def __new__(cls, **hooks):
+        import keras
+
+        return keras.callbacks.LambdaCallback(**hooks)
+
+
+def test_batch_position_and_commits_whatever_the_callback_order():
+    from keras_adapt import elastic
+
+    x, y = _data(40)  # 4 steps of 10 per epoch
+    for order in ("commit_first", "commit_last"):
+        model = _model()
+        state = elastic.KerasState(model)
+        committed = []
+        original_save = state.save
+
+        def save():
+            original_save()
+            committed.append((state.epoch, state.batch))
+
+        state.save = save
+        commit = elastic.CommitStateCallback(state, batches_per_commit=3)
+        track = [elastic.UpdateBatchStateCallback(state), elastic.UpdateEpochStateCallback(state)]
+        callbacks = [commit, *track] if order == "commit_first" else [*track, commit]
+        model.fit(x, y, batch_size=10, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+        # Every commit holds the position of the steps already done: after
+        # step 3, at the end of epoch 1, after 3 steps of epoch 2, at the end.
+        assert committed == [(0, 3), (1, 0), (1, 3), (2, 0)], order
+        assert commit.commits == 4 and commit.commit_seconds > 0
+
+
+def test_fit_resumes_mid_epoch_and_the_state_round_trips_keras_adapt_state():
+    from keras_adapt import elastic
+    from keras_adapt.actuators import LearningRateScale
+
+    import tensorflow as tf
+
+    from keras_adapt.policies import AdaptationPolicy
+
+    model = _model(stats_interval=1, batch_size=8)
+    LearningRateScale(model).set(3.0)
+    policy = AdaptationPolicy()
+    policy.restore({"last_adapt": 5})
+    state = elastic.KerasState(model, batch=2, epoch=1, policies=[policy],
+                               rule=elastic.ResizeRule("keep", global_batch=8))
+    asked = []
+    x, y = _data(400)
+
+    def data(epoch, batch):
+        asked.append((epoch, batch))
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(state.batch_size).repeat()
+
+    runs = elastic.fit(state, data, epochs=3, steps_per_epoch=5, verbose=0,
+                       callbacks=[elastic.CommitStateCallback(state, batches_per_commit=2)])
+    assert asked == [(1, 2), (2, 0)]
+    assert [h.epoch for h in runs] == [[1], [2]]
+    assert (state.epoch, state.batch) == (3, 0)
+    opt = model.optimizer
+    assert int(opt.iterations.numpy()) == 3 + 5  # the 3 steps left of epoch 1, then epoch 2
+    # Committed now; change everything, then restore: all of it comes back.
+    weights = [w.copy() for w in model.get_weights()]
+    slots = [np.array(v) for v in __import__("keras_adapt").optimizer.optimizer_variables(opt)]
+    stats = opt.gradient_statistics.result()
+    assert stats["updates"] == 7  # one-worker pairs of consecutive updates
+    lr = state.lr
+    assert lr == pytest.approx(0.05 * 3.0, rel=1e-6)
+    model.fit(x, y, batch_size=8, epochs=1, steps_per_epoch=4, verbose=0)
+    LearningRateScale(model).set(1.0)
+    state.epoch, state.batch = 9, 9
+    policy.restore({"last_adapt": 9})
+    assert opt.gradient_statistics.result()["updates"] == 11
+    state.restore()
+    assert (state.epoch, state.batch) == (3, 0)
+    assert policy.get_state() == {"last_adapt": 5}
+    for got, want in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(got, want)
+    import keras_adapt
+
+    for got, want in zip(keras_adapt.optimizer.optimizer_variables(opt), slots):
+        np.testing.assert_array_equal(np.array(got), want)
+    assert opt.gradient_statistics.result() == stats
+    assert state.lr == pytest.approx(lr, rel=1e-6)
+
+
+def test_resize_rule_values_and_errors():
+    from keras_adapt import elastic
+
+    keep = elastic.ResizeRule("keep", global_batch=48)
+    assert [keep.per_worker_batch(n) for n in (1, 2, 3, 4)] == [48, 24, 16, 12]
+    assert keep.lr_factor(4) == 1.0
+    with pytest.raises(ValueError, match="global_batch=48.*cannot split over 5 workers"):
+        keep.per_worker_batch(5)
+    scale = elastic.ResizeRule("scale", batch_size=16, scaling="sqrt", base_workers=4)
+    assert scale.per_worker_batch(1) == 16
+    assert scale.lr_factor(1) == pytest.approx(0.5) and scale.lr_factor(16) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="mode='keep' needs global_batch"):
+        elastic.ResizeRule("keep")
+    with pytest.raises(ValueError, match="mode='scale' needs batch_size"):
+        elastic.ResizeRule("scale")
+    with pytest.raises(ValueError, match="mode='grow' is not valid"):
+        elastic.ResizeRule("grow")
+    with pytest.raises(ValueError, match="unknown scaling rule 'cubic'"):
+        elastic.ResizeRule("scale", batch_size=8, scaling="cubic")
+    # Applied to a model: the learning rate follows the rule (linear, 2 -> 1 workers).
+    model = _model(lr=0.04)
+    rule = elastic.ResizeRule("scale", batch_size=8, base_workers=2)
+    change = rule.apply(model, 2, 1)
+    assert change["before"] == {"batch_size": 8, "global_batch": 16, "lr": pytest.approx(0.04)}
+    assert change["after"] == {"batch_size": 8, "global_batch": 8, "lr_factor": 0.5,
+                               "lr": pytest.approx(0.02)}
+    from keras_adapt.optimizer import effective_learning_rate
+
+    assert effective_learning_rate(model.optimizer) == pytest.approx(0.02)
+
+
+def test_commit_interval_auto_rule():
+    from keras_adapt.elastic.callbacks import AUTO_MAX_INTERVAL, auto_interval
+
+    assert auto_interval(0.006, 0.003) == 200          # 6 ms commit / (1% of 3 ms)
+    assert auto_interval(0.001, 0.1) == 1
+    assert auto_interval(1.0, 0.001) == AUTO_MAX_INTERVAL
+    # k steps then one commit: the commit is at most 1% of the steps' time.
+    for commit_s, step_s in ((0.006, 0.003), (0.002, 0.05), (0.0004, 0.0007)):
+        k = auto_interval(commit_s, step_s)
+        assert commit_s <= 0.01 * k * step_s * (1 + 1e-9)
+        assert k == 1 or commit_s > 0.01 * (k - 1) * step_s
+
+
+def test_bad_input_is_refused_with_the_fix():
+    import keras
+
+    import keras_adapt
+    from keras_adapt import elastic
+
+    lazy = keras.Sequential([keras.layers.Dense(1)])
+    lazy.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    with pytest.raises(ValueError, match="needs a built model"):
+        elastic.KerasState(lazy)
+    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    plain.compile(keras.optimizers.SGD(0.1), "mse")
+    with pytest.raises(ValueError, match="keras_adapt.DistributedOptimizer"):
+        elastic.KerasState(plain)
+    state = elastic.KerasState(_model())
+    with pytest.raises(ValueError, match="batches_per_commit=0 is not valid"):
+        elastic.CommitStateCallback(state, batches_per_commit=0)
+    with pytest.raises(ValueError, match="epoch=-1 is not valid"):
+        elastic.KerasState(_model(), epoch=-1)
+    with pytest.raises(TypeError, match="first argument of an elastic run must be its state"):
+        elastic.run(lambda s: s)("not a state")
+    with pytest.raises(ValueError, match="fit sets initial_epoch"):
+        elastic.fit(state, lambda e, b: None, epochs=2, steps_per_epoch=3, initial_epoch=1)
+
+
+def test_collective_failures_are_told_apart():
+    import tensorflow as tf
+
+    from keras_adapt.elastic import is_collective_failure
+
+    assert is_collective_failure(tf.errors.UnknownError(
+        None, None, "HorovodGroupedAllreduce_grouped_allreduce_0 failed: Horovod has been shut down"))
+    assert is_collective_failure(tf.errors.InternalError(None, None, "HorovodBroadcast: peer lost"))
+    assert not is_collective_failure(tf.errors.ResourceExhaustedError(None, None, "OOM"))
+    assert not is_collective_failure(ValueError("Horovod"))
+
+
+def test_horovod_names_reach_the_elastic_package():
+    import keras_adapt.horovod as hvd
+    from keras_adapt import elastic
+
+    assert hvd.elastic is elastic
+    assert (hvd.elastic.KerasState, hvd.elastic.run, hvd.elastic.CommitStateCallback,
+            hvd.elastic.UpdateBatchStateCallback, hvd.elastic.UpdateEpochStateCallback) == (
+        elastic.KerasState, elastic.run, elastic.CommitStateCallback,
+        elastic.UpdateBatchStateCallback, elastic.UpdateEpochStateCallback)

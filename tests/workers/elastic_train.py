@@ -1,0 +1,165 @@
+"""Elastic training under ``horovodrun --host-discovery-script`` (tests/test_elastic.py),
+or the same training in one process without Horovod Elastic (``--reference``).
+
+Seeded teacher-student regression; step s of epoch e uses the global batch
+made of samples ``perm_e[s*G + i]`` (G the global batch, perm_e a seeded
+permutation), worker r of N taking the r-th slice of G/N (rule "keep") or
+b samples at ``s*N*b + r*b`` (rule "scale"). With "keep", every worker count
+computes the same global batches, so the final weights equal those of the
+one-process reference (to float rounding) iff no step ran twice or was lost.
+
+Actions (``--actions``, JSON list), each done once (a marker file in --out):
+  {"step": i, "do": "hosts", "hosts": "localhost:1\\n"}            rank 0 rewrites the
+      discovery file after global step i (``"when_workers": n``: only once n workers run)
+  {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
+
+Each process that finishes writes <out>/final_<pid>.json.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+
+import keras
+import tensorflow as tf
+
+import keras_adapt
+from keras_adapt import elastic
+from keras_adapt.callbacks import GradientStatsMonitor
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--log-dir", default=None)
+parser.add_argument("--hosts", default=None)
+parser.add_argument("--rule", choices=["keep", "scale"], default="keep")
+parser.add_argument("--global-batch", type=int, default=32)
+parser.add_argument("--batch-size", type=int, default=16)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--commit", default="4", help="steps between commits, or auto")
+parser.add_argument("--sleep", type=float, default=0.04)
+parser.add_argument("--lr", type=float, default=0.02)
+parser.add_argument("--actions", default="[]")
+parser.add_argument("--reference", action="store_true")
+args = parser.parse_args()
+
+DIM, SAMPLES = 8, 4096
+rng = np.random.default_rng(3)
+W_TRUE = rng.standard_normal((DIM, 1)).astype(np.float32)
+X = rng.standard_normal((SAMPLES, DIM)).astype(np.float32)
+Y = (X @ W_TRUE + 0.5 * rng.standard_normal((SAMPLES, 1))).astype(np.float32)
+ACTIONS = json.loads(args.actions)
+
+
+def step_indices(epoch, step, rank, workers, per_worker):
+    perm = np.random.default_rng(1000 + epoch).permutation(SAMPLES)
+    start = step * workers * per_worker + rank * per_worker
+    return perm[(start + np.arange(per_worker)) % SAMPLES]
+
+
+def make_model():
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    # Adam: the joining worker needs the slots (m, v) before the first sync.
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(args.lr)), "mse")
+    return model
+
+
+def rule():
+    if args.rule == "keep":
+        return elastic.ResizeRule("keep", global_batch=args.global_batch)
+    return elastic.ResizeRule("scale", batch_size=args.batch_size, scaling="linear", base_workers=2)
+
+
+class Recorder(keras.callbacks.Callback):
+    """After the elastic callbacks: logs every executed step (its global id),
+    sleeps a little (so membership changes land mid-training) and runs the actions."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        s = self.state
+        step_id = s.epoch * args.steps + s.batch - 1
+        self.steps.append({"id": step_id, "workers": keras_adapt.size(), "rank": keras_adapt.rank(),
+                           "batch_size": s.batch_size, "lr": s.lr, "time": time.time(),
+                           "iterations": int(self.model.optimizer.iterations.numpy())})
+        for i, action in enumerate(ACTIONS):
+            marker = os.path.join(args.out, f"action{i}.done")
+            if step_id < action["step"] or os.path.exists(marker):
+                continue
+            if action.get("when_workers") not in (None, keras_adapt.size()):
+                continue
+            if action["do"] == "hosts" and keras_adapt.rank() == 0:
+                open(marker, "w").close()
+                tmp = args.hosts + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(action["hosts"])
+                os.replace(tmp, args.hosts)   # the discovery script never sees half a file
+            elif action["do"] == "kill" and keras_adapt.rank() == action["rank"]:
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(args.sleep)
+
+
+model = make_model()
+if args.reference:
+    # One process, no elastic machinery: the same global batches in order.
+    for e in range(args.epochs):
+        for s in range(args.steps):
+            idx = step_indices(e, s, 0, 1, args.global_batch)
+            model.train_on_batch(X[idx], Y[idx])
+    out = {"weights": [w.tolist() for w in model.get_weights()],
+           "iterations": int(model.optimizer.iterations.numpy())}
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump(out, f)
+    raise SystemExit(0)
+
+state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir)
+recorder = Recorder(state)
+commit = elastic.CommitStateCallback(
+    state, batches_per_commit=args.commit if args.commit == "auto" else int(args.commit))
+# Horovod's example order (commit first): the commit must still see the step.
+callbacks = [commit, elastic.UpdateBatchStateCallback(state),
+             elastic.UpdateEpochStateCallback(state), GradientStatsMonitor(interval=5), recorder]
+syncs = []
+
+
+def data(epoch, batch):
+    n, r, b = keras_adapt.size(), keras_adapt.rank(), state.batch_size
+    idx = [step_indices(e, s, r, n, b) for e in range(epoch, args.epochs)
+           for s in range(batch if e == epoch else 0, args.steps)]
+    idx = np.concatenate(idx)
+    return tf.data.Dataset.from_tensor_slices((X[idx], Y[idx])).batch(b).repeat()
+
+
+@elastic.run
+def train(state):
+    syncs.append({"epoch": state.epoch, "batch": state.batch, "workers": keras_adapt.size(),
+                  "rank": keras_adapt.rank(), "time": time.time()})
+    return elastic.fit(state, data, epochs=args.epochs, steps_per_epoch=args.steps,
+                       callbacks=callbacks, verbose=0)
+
+
+train(state)
+stats = model.optimizer.gradient_statistics.result()
+out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.rank(),
+       "workers": keras_adapt.size(), "epoch": state.epoch, "batch": state.batch,
+       "iterations": int(model.optimizer.iterations.numpy()),
+       "weights": [w.tolist() for w in model.get_weights()],
+       "optimizer": [np.asarray(v).tolist() for v in
+                     keras_adapt.optimizer.optimizer_variables(model.optimizer)],
+       "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
+       "commits": commit.commits, "commit_seconds": commit.commit_seconds,
+       "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
+       "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
+with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
+    json.dump(out, f)
