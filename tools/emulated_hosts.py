@@ -36,6 +36,7 @@ From Python (the tests)::
 
 import argparse
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -47,6 +48,7 @@ BRIDGE = "kanet0"
 SUBNET = "10.213.0"
 PREFIX = "ka-"
 SCRATCH = "/tmp/keras-adapt-hosts"
+LOCK = "/tmp/keras-adapt-hosts.lock"
 HOSTS_MARK = "# keras-adapt emulated host"
 SSHD = "/usr/sbin/sshd"
 SSH_CONFIG = os.path.expanduser("~/.ssh/config")
@@ -183,12 +185,16 @@ def down():
 
 @contextlib.contextmanager
 def emulated_hosts(count=2):
-    """``count`` emulated hosts for the duration of the ``with`` block, torn down after."""
+    """``count`` emulated hosts for the duration of the ``with`` block, torn
+    down after. The names and addresses are fixed, so a second user (another
+    test session) waits on a lock until the first is done."""
     hosts = EmulatedHosts(count)
-    try:
-        yield hosts.up()
-    finally:
-        down()
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield hosts.up()
+        finally:
+            down()
 
 
 def main(argv=None):

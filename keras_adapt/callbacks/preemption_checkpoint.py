@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from keras_adapt import _hvd, events
 from keras_adapt.data import AdaptiveBatchDataset
-from keras_adapt.optimizer import require_distributed
+from keras_adapt.optimizer import build_slots, require_distributed
 
 #: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
 #: ``sysexits.h``, "a temporary failure, the user is invited to retry".
@@ -32,15 +32,6 @@ def _check_number(name, value, minimum, integer=False, allow_none=False):
         kind = "an int" if integer else "a number"
         raise ValueError(f"{name}={value!r} is not valid; use {kind} >= {minimum}")
     return value
-
-
-def _build_optimizer(optimizer, variables):
-    """Creates the optimizer's slots over ``variables`` without any collective,
-    so that a checkpoint can fill them before the first step."""
-    if hasattr(optimizer, "_create_all_weights"):  # tf.keras 2 legacy OptimizerV2
-        optimizer._create_all_weights(variables)
-    elif not getattr(optimizer, "built", False):
-        optimizer.build(variables)
 
 
 def _policies(callbacks):
@@ -343,7 +334,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         sync = optimizer.adapt_state.sync
         if meta["sync"]["name"] != type(sync.strategy).__name__:
             sync.set(meta["sync"]["strategy"], **meta["sync"]["params"])
-        _build_optimizer(optimizer, model.trainable_variables)
+        build_slots(optimizer, model.trainable_variables)
         self._checkpoint.restore(path).assert_existing_objects_matched()
         acc = optimizer.adapt_state.accumulation
         if acc is not None:

@@ -37,6 +37,7 @@ import tensorflow as tf
 from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer import statistics
 from keras_adapt.optimizer.accumulation import AccumulationState
+from keras_adapt.optimizer.slots import optimizer_variables
 from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables
 from keras_adapt.sync import SyncState
 from keras_adapt import _hvd, ops
@@ -415,9 +416,8 @@ class DistributedCore:
     def _ka_slot_variables(self):
         """The optimizer's slot variables (momentum, Adam moments): its
         floating-point variables other than the learning rate."""
-        variables = self.variables() if callable(self.variables) else self.variables
         lr = self.configured_learning_rate()
-        return [v for v in variables
+        return [v for v in optimizer_variables(self)
                 if tf.as_dtype(v.dtype).is_floating and v is not lr and v is not self.iterations]
 
     def _ka_local_apply(self, grads, apply_fn, local_sqr=None, inv_batch=None,
