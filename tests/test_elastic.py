@@ -170,6 +170,57 @@ def test_killed_worker_the_other_continues_from_the_last_commit(tmp_path, refere
     print(f"failure pause {event['after']['pause_s']:.3f} s, {redone} steps redone")
 
 
+def test_scale_up_requested_by_a_policy(tmp_path, reference):
+    """One worker; a ResizePolicy asks for two through the target file that
+    ``keras-adapt discover`` (the job's discovery script) reads, and Horovod
+    starts the second worker."""
+    from keras_adapt import discover
+    from keras_adapt.events import read_events
+
+    out, log = tmp_path / "out", tmp_path / "log"
+    out.mkdir()
+    hosts, target = tmp_path / "hosts", str(tmp_path / "target")
+    hosts.write_text(TWO_HOSTS)
+    discover.write_target(target, 1)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m keras_adapt discover\n")
+    script.chmod(0o755)
+    request_at = 12
+    args = ["--out", out, "--log-dir", log, "--rule", "keep", "--epochs", EPOCHS,
+            "--steps", STEPS, "--commit", COMMIT, "--lr", LR,
+            "--request-workers", 2, "--request-at", request_at]
+    done = horovodrun_elastic(
+        "elastic_train.py", args, str(script), np=1, min_np=1, max_np=2, timeout=300,
+        extra_env={"KERAS_ADAPT_HOSTS_FILE": str(hosts), "KERAS_ADAPT_TARGET_FILE": target})
+    assert done.leftover == 0
+    assert discover.read_target(target) == 2
+    finals = sorted((json.load(open(out / n)) for n in os.listdir(out) if n.startswith("final_")),
+                    key=lambda r: r["rank"])
+    assert [f["workers"] for f in finals] == [2, 2]
+    first = next(f for f in finals if f["steps"][0]["workers"] == 1)  # the original worker
+    joined = next(f for f in finals if f is not first)
+    for final in finals:
+        _assert_finished(final)
+        _assert_weights(final, reference)  # "keep": no step lost or run twice
+    assert first["weights"] == joined["weights"] and first["optimizer"] == joined["optimizer"]
+    assert _ids(first) == list(range(TOTAL))
+    ids = _ids(joined)
+    assert ids == list(range(ids[0], TOTAL)) and ids[0] > request_at
+    # per-worker batch 32 on one worker, 16 on two: the global batch stays 32
+    assert {(s["workers"], s["batch_size"]) for s in first["steps"]} == {(1, 32), (2, 16)}
+    request, resize = read_events(str(log))
+    # the request: the policy's event at the step after `request_at` ran
+    assert request["kind"] == "resize" and request["policy"] == "RequestAt"
+    assert (request["before"]["target_workers"], request["after"]["target_workers"]) == (1, 2)
+    assert request["step"] == request_at + 1
+    # the change: the elastic state's event, with the pause it cost
+    _resize(resize, 1, 2)
+    assert (resize["before"]["batch_size"], resize["after"]["batch_size"]) == (32, 16)
+    assert resize["step"] == _first_step_with(first, 2)["iterations"] > request["step"]
+    print(f"policy asked at update {request['step']}, two workers from update "
+          f"{resize['step']}, pause {resize['after']['pause_s']:.3f} s")
+
+
 # -- one process: the rules of the callbacks, the state and the resize rule ----
 
 def _model(lr=0.05, **kwargs):

@@ -13,6 +13,10 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       discovery file after global step i (``"when_workers": n``: only once n workers run)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
 
+``--request-workers N --request-at I``: a ResizePolicy asks for N workers
+once global step I has run (through the target file that ``keras-adapt
+discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
+
 Each process that finishes writes <out>/final_<pid>.json.
 """
 
@@ -31,6 +35,7 @@ import tensorflow as tf
 import keras_adapt
 from keras_adapt import elastic
 from keras_adapt.callbacks import GradientStatsMonitor
+from keras_adapt.policies import ResizePolicy
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -46,6 +51,8 @@ parser.add_argument("--sleep", type=float, default=0.04)
 parser.add_argument("--lr", type=float, default=0.02)
 parser.add_argument("--actions", default="[]")
 parser.add_argument("--reference", action="store_true")
+parser.add_argument("--request-workers", type=int, default=None)
+parser.add_argument("--request-at", type=int, default=None)
 args = parser.parse_args()
 
 DIM, SAMPLES = 8, 4096
@@ -75,6 +82,19 @@ def rule():
     if args.rule == "keep":
         return elastic.ResizeRule("keep", global_batch=args.global_batch)
     return elastic.ResizeRule("scale", batch_size=args.batch_size, scaling="linear", base_workers=2)
+
+
+class RequestAt(ResizePolicy):
+    """Asks for ``wanted`` workers once the global step ``at`` has run."""
+
+    def __init__(self, state, at, wanted):
+        super().__init__(1, 2, interval=1, log_dir=args.log_dir)
+        self.state, self.at, self.wanted = state, at, wanted
+
+    def adapt(self, step, values):
+        done = self.state.epoch * args.steps + self.state.batch
+        if done > self.at and self.workers != self.wanted:
+            self.request_workers(self.wanted, f"global step {self.at} ran")
 
 
 class Recorder(keras.callbacks.Callback):
@@ -130,6 +150,8 @@ commit = elastic.CommitStateCallback(
 # Horovod's example order (commit first): the commit must still see the step.
 callbacks = [commit, elastic.UpdateBatchStateCallback(state),
              elastic.UpdateEpochStateCallback(state), GradientStatsMonitor(interval=5), recorder]
+if args.request_workers is not None:
+    callbacks.append(RequestAt(state, args.request_at, args.request_workers))
 syncs = []
 
 
