@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from keras_adapt import _hvd, events
 from keras_adapt.data import AdaptiveBatchDataset
-from keras_adapt.optimizer import build_slots, require_distributed
+from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
 
 #: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
 #: ``sysexits.h``, "a temporary failure, the user is invited to retry".
@@ -175,7 +175,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         # This rank's time in its last agreements: their minimum is the
         # cost; a longer one mostly waited for a slower rank.
         self._check_seconds = collections.deque(maxlen=8)
-        self._pending_micro = 0
+        self._boundary = None  # which micro-step completes an update
         self._timer = None
         self._signalled = {}
         self._manager = None
@@ -444,8 +444,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._interval = 1 if self.check_interval == "auto" else self.check_interval
         self._last_end = None
         self._step_seconds = []
-        acc = self.model.optimizer.adapt_state.accumulation
-        self._pending_micro = 0 if acc is None else int(acc.count.numpy())
+        self._boundary = UpdateBoundary(self.model.optimizer)
         self._install_handlers()
 
     def on_train_end(self, logs=None):
@@ -461,23 +460,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         # The first epoch of a resumed fit starts after the steps done before.
         self._step_in_epoch, self._offset = self._offset, 0
 
-    def _completes_update(self):
-        acc = self.model.optimizer.adapt_state.accumulation
-        if acc is None:
-            return True
-        self._pending_micro += 1
-        if acc.completes_update(self._pending_micro, acc.steps_value):
-            self._pending_micro = 0
-            return True
-        return False
-
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
         if self._last_end is not None:
             self._step_seconds.append(now - self._last_end)
         self._last_end = now
         self._step_in_epoch += 1
-        boundary = self._completes_update()
+        boundary = self._boundary.step_ended()
         self._steps_since_check += 1
         if boundary and isinstance(self.save_freq, int) and self._step() % self.save_freq == 0:
             self._periodic(self._epoch, self._step_in_epoch)

@@ -30,7 +30,7 @@ Example:
 (True, 'SGD')
 """
 
-from keras_adapt.optimizer.accumulation import AccumulationState, enable_accumulation
+from keras_adapt.optimizer.accumulation import AccumulationState, UpdateBoundary, enable_accumulation
 from keras_adapt.optimizer._bindings import distributed_class
 from keras_adapt.optimizer.batch_weighting import BatchWeighting
 from keras_adapt.optimizer.factory import (
@@ -64,6 +64,7 @@ __all__ = [
     "distributed_class_like",
     "effective_learning_rate",
     "enable_accumulation",
+    "UpdateBoundary",
     "enable_lr_control",
     "is_distributed",
     "is_schedule",

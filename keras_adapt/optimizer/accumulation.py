@@ -3,6 +3,43 @@
 import tensorflow as tf
 
 
+class UpdateBoundary:
+    """Counts micro-steps on the host to tell which one completed an optimizer update.
+
+    A callback that acts once per update (a policy, the preemption check)
+    calls :meth:`step_ended` after each micro-step; it applies the graph's
+    rule (:meth:`AccumulationState.completes_update`) to a host count, so no
+    variable is read per step, and every rank counts alike. Without
+    accumulation every micro-step completes an update.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt.optimizer import UpdateBoundary
+    >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1),
+    ...                                        backward_passes_per_step=2)
+    >>> boundary = UpdateBoundary(opt)
+    >>> [boundary.step_ended() for _ in range(4)]
+    [False, True, False, True]
+    """
+
+    def __init__(self, optimizer):
+        self.accumulation = optimizer.adapt_state.accumulation
+        # micro-steps already accumulated (a fit that starts mid-update)
+        self.pending = 0 if self.accumulation is None else int(self.accumulation.count.numpy())
+
+    def step_ended(self):
+        """Whether the micro-step that just ended completed an update."""
+        acc = self.accumulation
+        if acc is None:
+            return True
+        self.pending += 1
+        if acc.completes_update(self.pending, acc.steps_value):
+            self.pending = 0
+            return True
+        return False
+
+
 class AccumulationState:
     """Gradient accumulation state (``optimizer.adapt_state.accumulation``).
 

@@ -6,7 +6,7 @@ import os
 import keras
 
 from keras_adapt import _hvd, _train_step, events
-from keras_adapt.optimizer import require_distributed
+from keras_adapt.optimizer import UpdateBoundary, require_distributed
 
 _STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates", "covered_updates")
 
@@ -130,7 +130,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self.epoch = 0
         self._last_adapt = 0  # optimizer step of the last adapt() call
         self._updates_since = 0  # updates since then, counted on the host
-        self._pending_micro = 0  # micro-steps towards the next update (host copy)
+        self._boundary = None  # which micro-step completes an update (host count)
         self._step_running = False  # a step began and its end is not yet counted
         self._log_cache = {}
         self._pending_state = None
@@ -171,22 +171,6 @@ class AdaptationPolicy(keras.callbacks.Callback):
         values.update(self.measurements())
         return values
 
-    def _completes_update(self):
-        """Whether the micro-step that just ended completed an optimizer update.
-
-        Applies the in-graph rule (``AccumulationState.completes_update``)
-        to a host count, so no variable is read per step; every rank counts
-        alike.
-        """
-        acc = self.model.optimizer.adapt_state.accumulation
-        if acc is None:
-            return True
-        self._pending_micro += 1
-        if acc.completes_update(self._pending_micro, acc.steps_value):
-            self._pending_micro = 0
-            return True
-        return False
-
     def _check_one_step_per_call(self):
         spe = getattr(self.model, "steps_per_execution", None)
         if spe is None:  # tf.keras 2 keeps it in a variable
@@ -210,8 +194,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self._last_adapt = self.step
         self._updates_since = 0
         self._step_running = False
-        acc = self.model.optimizer.adapt_state.accumulation
-        self._pending_micro = 0 if acc is None else int(acc.count.numpy())
+        self._boundary = UpdateBoundary(self.model.optimizer)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self.restore(state)
@@ -237,7 +220,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         if not self._step_running:
             return
         self._step_running = False
-        if not self._completes_update():
+        if not self._boundary.step_ended():
             return
         self.on_update_end()
         self._updates_since += 1

@@ -68,6 +68,7 @@ class ResizePolicy(AdaptationPolicy):
         self.target = WorkerTarget(target_file, min_workers=min_workers, max_workers=max_workers)
         self._last_request = None  # update of the last request
         self._pending = None  # the count asked for and not yet reached
+        self._proposal = None  # (count, consecutive proposals) of propose()
 
     @property
     def workers(self):
@@ -108,6 +109,24 @@ class ResizePolicy(AdaptationPolicy):
         return self.record("resize", reason,
                            {"workers": current, "target_workers": before_target, **details},
                            {"workers": current, "target_workers": workers, **details})
+
+    def propose(self, proposal, patience, details):
+        """Requests ``proposal`` (``(count, reason)``, or None for "no change")
+        once the same count was proposed ``patience`` times in a row;
+        ``details()`` gives the event's measurements. Returns the ``resize``
+        event, or None."""
+        if proposal is None or proposal[0] == self.workers:
+            self._proposal = None
+            return None
+        target, reason = proposal
+        streak = self._proposal[1] + 1 if self._proposal and self._proposal[0] == target else 1
+        self._proposal = (target, streak)
+        if streak < patience:
+            return None
+        event = self.request_workers(target, reason, details())
+        if event is not None:
+            self._proposal = None
+        return event
 
     def get_state(self):
         state = super().get_state()
@@ -234,7 +253,6 @@ class ThroughputScalingPolicy(ResizePolicy):
         self._seen = monitor.measurements
         self._counted_workers = None
         self._skip = 0
-        self._proposal = None  # (target, streak)
         #: ``(b, k)`` of the latest measurement: the per-worker micro-batch
         #: and micro-steps per update the model predicts the next count at.
         self.configuration = None
@@ -320,19 +338,9 @@ class ThroughputScalingPolicy(ResizePolicy):
         self.throughput.setdefault(workers, collections.deque(maxlen=self.window)).append(
             float(value))
         self._observe_model(result, float(value), workers)
-        proposal = self.choose(workers)
-        if proposal is None or proposal[0] == workers:
-            self._proposal = None
-            return
-        target, reason = proposal
-        streak = self._proposal[1] + 1 if self._proposal and self._proposal[0] == target else 1
-        self._proposal = (target, streak)
-        if streak < self.patience:
-            return
-        details = {"throughput": self.measured()[workers], "throughput_by_workers":
-                   {str(n): t for n, t in self.measured().items()}}
-        if self.request_workers(target, reason, details) is not None:
-            self._proposal = None
+        self.propose(self.choose(workers), self.patience, lambda: {
+            "throughput": self.measured()[workers],
+            "throughput_by_workers": {str(n): t for n, t in self.measured().items()}})
 
     def _observe_model(self, result, throughput, workers):
         """Feeds the throughput model one update time at this configuration."""
@@ -441,7 +449,6 @@ class GNSWorkerScalingPolicy(ResizePolicy):
         if not isinstance(allow_decrease, bool):
             raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
         self.allow_decrease = allow_decrease
-        self._proposal = None  # (target, streak)
         self._measurement = None  # the statistics' measurement count at the last check
         self._global_batch = math.nan
 
@@ -487,18 +494,8 @@ class GNSWorkerScalingPolicy(ResizePolicy):
         proposal = None
         if values.get("covered_updates", 0) >= self.warmup_updates:
             proposal = self.choose(workers, values.get("gns"), self.batch_per_worker(workers))
-        if proposal is None:
-            self._proposal = None
-            return
-        target, reason = proposal
-        streak = self._proposal[1] + 1 if self._proposal and self._proposal[0] == target else 1
-        self._proposal = (target, streak)
-        if streak < self.patience:
-            return
-        details = {"gns": float(values["gns"]),
-                   "per_worker_batch": float(self.batch_per_worker(workers))}
-        if self.request_workers(target, reason, details) is not None:
-            self._proposal = None
+        self.propose(proposal, self.patience, lambda: {
+            "gns": float(values["gns"]), "per_worker_batch": float(self.batch_per_worker(workers))})
 
     def get_config(self):
         config = super().get_config()
