@@ -278,6 +278,74 @@ class AdaptiveBatchDataset:
             self._global_samples = int(state["global_samples"])
             self._global_order = self._permutation() if state["global_started"] else None
 
+    def reshard(self, num_workers, rank, micro_batch_size, state=None):
+        """Continues the stream with another sharding (an elastic job whose
+        workers changed): ``num_workers`` workers, this one ``rank``, each
+        taking ``micro_batch_size`` samples per step, from the position of
+        ``state`` (a :meth:`get_state` of any worker of the previous
+        sharding; default this stream's own).
+
+        The position is global: the samples of the pass the previous workers
+        took together (the first ``N x cursor`` of the pass's permutation
+        with equal shares, or the global blocks' cursor) are not taken again
+        and none of the pass is skipped. From then on every step takes the
+        next ``num_workers x micro_batch_size`` samples of the permutation
+        as one global block and worker r its r-th slice (equal
+        :attr:`rank_micro_batch_sizes`; unequal ones set before are dropped).
+
+        Example:
+
+        >>> import numpy as np
+        >>> from keras_adapt.data import AdaptiveBatchDataset
+        >>> two = [AdaptiveBatchDataset(np.arange(16.0), micro_batch_size=2, num_workers=2,
+        ...                             rank=r, shuffle=False) for r in (0, 1)]
+        >>> [d.next_indices().tolist() for d in two]      # step 0: samples 0-3
+        [[0, 2], [1, 3]]
+        >>> one = two[1]
+        >>> one.reshard(1, 0, 4, state=two[0].get_state())
+        >>> one.next_indices().tolist(), one.num_workers  # step 1: samples 4-7
+        ([4, 5, 6, 7], 1)
+        """
+        state = self.get_state() if state is None else state
+        for key, now in (("num_samples", self.num_samples), ("seed", self.seed),
+                         ("shuffle", self.shuffle)):
+            if state.get(key) != now:
+                raise ValueError(
+                    f"the data position to re-shard was taken with {key}={state.get(key)!r}, "
+                    f"this AdaptiveBatchDataset has {key}={now!r}; make the dataset with the "
+                    "same data, seed and shuffle on every worker")
+        for name, value in (("num_workers", num_workers), ("rank", rank),
+                            ("micro_batch_size", micro_batch_size)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (
+                    0 if name == "rank" else 1):
+                raise ValueError(f"reshard({name}={value!r}) is not valid; use a "
+                                 f"{'non-negative' if name == 'rank' else 'positive'} int")
+        if rank >= num_workers:
+            raise ValueError(f"reshard(rank={rank}) must be in [0, num_workers={num_workers})")
+        shard = self.num_samples // num_workers
+        if not 1 <= micro_batch_size <= shard:
+            raise ValueError(
+                f"reshard(micro_batch_size={micro_batch_size}) does not fit a worker's share "
+                f"of {shard} samples with {num_workers} workers; use at most {shard}")
+        if state.get("rank_sizes") is not None:
+            cursor, seen = int(state["global_cursor"]), int(state["global_samples"])
+            started = bool(state["global_started"])
+        else:
+            n = int(state["num_workers"])
+            cursor, seen, started = n * int(state["cursor"]), n * int(state["samples"]), bool(
+                state["started"])
+        self.num_workers, self.rank, self.shard_size = int(num_workers), int(rank), shard
+        self.produced = int(state["produced"])
+        self._pass = int(state["pass"])
+        self._order, self._cursor = None, 0
+        self._global_order = self._permutation() if started else None
+        self._global_cursor, self._global_samples = cursor, seen
+        self.samples = seen // self.num_workers
+        if int(micro_batch_size) != self._micro_batch_size:
+            self.changes.append((self.produced, int(micro_batch_size)))
+        self._micro_batch_size = int(micro_batch_size)
+        self._rank_sizes = [self._micro_batch_size] * self.num_workers
+
     def _generate(self):
         while True:
             yield self.next_indices()

@@ -30,7 +30,10 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
             step ``batch`` of epoch ``epoch`` on, for all the steps left (a
             repeated ``tf.data.Dataset``, for example), made with the batch
             of ``state.batch_size`` and sharded by ``keras_adapt.rank()`` /
-            ``keras_adapt.size()``.
+            ``keras_adapt.size()``; or the
+            :class:`~keras_adapt.data.AdaptiveBatchDataset` given to the state
+            as ``KerasState(..., dataset=ds)``, which the state keeps at the
+            committed position and re-shards on every reset.
         epochs: the epoch to train to (as in ``model.fit``).
         steps_per_epoch: steps in an epoch.
         callbacks: more Keras callbacks.
@@ -52,7 +55,21 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     >>> [len(h.epoch) for h in runs], state.epoch, state.batch, int(model.optimizer.iterations)
     ([1, 1], 2, 0, 7)
     """
-    if not callable(data):
+    if data is not None and data is state.dataset:
+        stream = data.dataset
+
+        def data(epoch, batch):  # the stream is where the state put it
+            return stream
+    elif state.dataset is not None:
+        raise ValueError(
+            f"the state re-shards its AdaptiveBatchDataset on every reset, so fit must read "
+            f"that one: call fit(state, state.dataset, ...), not with {data!r}")
+    elif hasattr(data, "reshard"):
+        raise ValueError(
+            "an AdaptiveBatchDataset under elastic must be given to the state too, which keeps "
+            "its position and re-shards it on every reset: KerasState(model, ..., dataset=ds), "
+            "then fit(state, ds, ...)")
+    elif not callable(data):
         raise TypeError(f"data must be a function data(epoch, batch) -> dataset, got {data!r}")
     epochs = _positive("epochs", epochs)
     steps_per_epoch = _positive("steps_per_epoch", steps_per_epoch)

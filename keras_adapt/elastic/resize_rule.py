@@ -100,18 +100,73 @@ class ResizeRule:
         return float(self.scaling.factor(workers / self.base_workers, stats,
                                          base_batch=self.base_workers * self.batch_size))
 
-    def apply(self, model, before, after):
+    def apply(self, model, before, after, dataset=None):
         """Applies the rule for a change from ``before`` to ``after`` workers
-        to ``model``'s optimizer; returns ``{"before": {...}, "after": {...}}``
-        with what changed (for the ``resize`` event)."""
+        to ``model``'s optimizer and batch machinery; returns ``{"before":
+        {...}, "after": {...}}`` with what changed (for the ``resize`` event).
+
+        With keras-adapt's own batch machinery the rule acts through it:
+
+        * a :class:`~keras_adapt.actuators.GlobalBatchSize` on the model
+          (``optimizer.adapt_state.batch_size_actuator``, made by you or by a
+          batch-size policy): its worker count becomes ``after``; ``"keep"``
+          keeps its global batch (the one it holds now, which a policy may
+          have changed) by a new micro-batch and accumulation k
+          (:meth:`~keras_adapt.actuators.GlobalBatchSize.set`), ``"scale"``
+          keeps each worker's micro-batch and k, so the global batch grows
+          or shrinks with the workers;
+        * else an :class:`~keras_adapt.data.AdaptiveBatchDataset`
+          (``dataset``, already re-sharded for ``after`` workers): ``"keep"``
+          sets its micro-batch to ``global_batch // after``.
+
+        Example:
+
+        >>> import numpy as np, keras, keras_adapt
+        >>> from keras_adapt.actuators import GlobalBatchSize
+        >>> from keras_adapt.data import AdaptiveBatchDataset
+        >>> from keras_adapt.elastic import ResizeRule
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> ds = AdaptiveBatchDataset(np.zeros((64, 2)), np.zeros((64, 1)), micro_batch_size=8,
+        ...                           num_workers=1, rank=0)
+        >>> batch = GlobalBatchSize(model, dataset=ds)   # 1 worker x 8 x k=1
+        >>> out = ResizeRule("keep", global_batch=8).apply(model, 1, 2, ds)
+        >>> batch.workers, ds.micro_batch_size, batch.accumulation.steps, batch.value
+        (2, 4, 1, 8)
+        """
         optimizer = model.optimizer
+        actuator = optimizer.adapt_state.batch_size_actuator
+        if actuator is not None and actuator.dataset is not None and actuator.dataset is not dataset:
+            raise ValueError(
+                f"the model's GlobalBatchSize feeds a {type(actuator.dataset).__name__} that "
+                "the elastic state does not re-shard; give the same AdaptiveBatchDataset to "
+                "KerasState(..., dataset=ds) (an AdaptiveBatchPipeline cannot be re-sharded: "
+                "use AdaptiveBatchDataset, or a data(epoch, batch) function)")
         if self.mode == "none":
+            if actuator is not None:
+                actuator.workers = after
             return {"before": {}, "after": {}}
-        out = {"before": {"batch_size": self.per_worker_batch(before),
-                          "global_batch": before * self.per_worker_batch(before),
-                          "lr": _optimizer.effective_learning_rate(optimizer)},
-               "after": {"batch_size": self.per_worker_batch(after),
-                         "global_batch": after * self.per_worker_batch(after)}}
+        lr_before = _optimizer.effective_learning_rate(optimizer)
+        if actuator is not None and actuator.micro_batch_size is not None:
+            keep = actuator.value
+            out = {"before": {"batch_size": actuator.micro_batch_size, "global_batch": keep,
+                              "accumulation": actuator.accumulation.steps, "lr": lr_before}}
+            actuator.workers = after
+            if self.mode == "keep":
+                actuator.set(keep)
+            out["after"] = {"batch_size": actuator.micro_batch_size,
+                            "global_batch": actuator.value,
+                            "accumulation": actuator.accumulation.steps}
+        else:
+            if actuator is not None:
+                actuator.workers = after
+            out = {"before": {"batch_size": self.per_worker_batch(before),
+                              "global_batch": before * self.per_worker_batch(before),
+                              "lr": lr_before},
+                   "after": {"batch_size": self.per_worker_batch(after),
+                             "global_batch": after * self.per_worker_batch(after)}}
+            if dataset is not None and dataset.micro_batch_size != self.per_worker_batch(after):
+                dataset.micro_batch_size = self.per_worker_batch(after)
         if self.mode == "scale":
             from keras_adapt.actuators import LearningRateScale
 

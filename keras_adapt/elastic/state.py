@@ -6,17 +6,26 @@ calls ``optimizer.variables()``, a property on Keras 3). What it holds:
 * the model's weights and the optimizer's variables (slots included),
   copied in memory by :meth:`KerasState.save` and broadcast from rank 0 by
   :meth:`KerasState.sync` with ``horovod.tensorflow`` broadcasts;
-* keras-adapt's state of the optimizer (``optimizer.adapt_state``): the
-  gradient statistics' moving averages and counters, the update counter,
-  the accumulation k and the learning-rate factor;
+* keras-adapt's state of the optimizer: the variables of
+  ``optimizer.adapt_state.checkpoint_variables()`` (the same list
+  ``PreemptionCheckpoint`` writes: the gradient statistics' moving averages
+  and counters, the update counter, the accumulation k, the learning-rate
+  factor, the synchronisation strategy's index, count and parameters) and
+  the strategy chosen on the host (``adapt_state.sync.get_state()``);
+* the data position of an :class:`~keras_adapt.data.AdaptiveBatchDataset`
+  given as ``dataset=``;
 * the position: ``epoch`` (epochs completed) and ``batch`` (batches
   completed in the current epoch), plus any keyword given;
 * the ``get_state()`` of the policies given as ``policies=``.
 
 On every reset (a worker came or went) the train function is dropped, so
-the next ``fit`` traces it again with the new worker count, and the
-:class:`~keras_adapt.elastic.ResizeRule` rescales the batch or the
-learning rate; the first step after the reset records a ``resize`` event.
+the next ``fit`` traces it again with the new worker count, the dataset is
+re-sharded for the new workers at the same position, and the
+:class:`~keras_adapt.elastic.ResizeRule` rescales the batch (through a
+``GlobalBatchSize`` and the dataset when there are) or the learning rate;
+after the sync the synchronisation strategy restarts its own models from
+the synced one (:meth:`keras_adapt.sync.SyncState.rejoin`); the first step
+after the reset records a ``resize`` event.
 """
 
 import time
@@ -35,23 +44,6 @@ from keras_adapt import _hvd, events
 from keras_adapt import optimizer as _optimizer
 from keras_adapt.callbacks.broadcast_global_variables import broadcast_variables
 from keras_adapt.elastic.resize_rule import ResizeRule
-
-
-def _adapt_variables(adapt_state):
-    """keras-adapt's variables of one optimizer, by a stable name: the same
-    names and order on every rank (all made when the optimizer, the
-    accumulation or the learning-rate control was made, never at a trace)."""
-    out = {"updates": adapt_state.updates, "skipped": adapt_state.skipped}
-    if adapt_state.statistics is not None:
-        for i, v in enumerate(adapt_state.statistics.variables):
-            out[f"statistics/{i}"] = v
-    control = adapt_state.lr_control
-    if control is not None:
-        for name in ("start", "target", "begin", "ramp", "gain", "progress"):
-            out[f"lr_control/{name}"] = getattr(control, name)
-    if adapt_state.accumulation is not None:
-        out["accumulation/steps"] = adapt_state.accumulation.steps
-    return out
 
 
 def _signature(variables):
@@ -81,6 +73,11 @@ class KerasState(ObjectState):
             (``adapt_events.jsonl``); None: listeners only.
         policies: keras-adapt policies whose ``get_state()`` is committed and
             restored with the rest.
+        dataset: the :class:`~keras_adapt.data.AdaptiveBatchDataset` that
+            feeds ``fit`` (give it to :func:`~keras_adapt.elastic.fit` as
+            ``data``): its position is committed, restored and synced, and
+            every reset re-shards it for the new workers and applies the rule
+            to it (and to the model's ``GlobalBatchSize``, if any).
         **kwargs: more values to commit, restore and sync (any picklable
             python object), exposed as attributes.
 
@@ -102,7 +99,7 @@ class KerasState(ObjectState):
     """
 
     def __init__(self, model, optimizer=None, batch=0, epoch=0, rule=None, log_dir=None,
-                 policies=(), **kwargs):
+                 policies=(), dataset=None, **kwargs):
         if not getattr(model, "built", False) or not model.weights:
             raise ValueError(
                 "KerasState needs a built model: give it an Input (keras.Input(shape)) or call "
@@ -127,6 +124,7 @@ class KerasState(ObjectState):
             if not (hasattr(p, "get_state") and hasattr(p, "restore")):
                 raise TypeError(f"policies must have get_state() and restore(), got {p!r}")
         self.resizes = []
+        self.dataset = self._check_dataset(dataset)
         # Slots now, without a collective (Horovod #2652: a new worker that
         # makes them in its first step runs collectives nobody matches).
         _optimizer.build_slots(optimizer, model.trainable_variables)
@@ -136,14 +134,49 @@ class KerasState(ObjectState):
         self._pending = None
         self.adapt = {}
         self.policy_states = []
+        self.sync_choice = None
+        self.data_state = None
         self.signature = _signature(self._tensors())
         self._snapshot_host()
         self._save_tensors()
         super().__init__(bcast_object=_hvd_tf.broadcast_object, get_rank=_hvd.rank,
                          batch=batch, epoch=epoch, adapt=self.adapt,
-                         policy_states=self.policy_states, signature=self.signature, **kwargs)
-        self.rescaled = self.rule.apply(self.model, self.workers, self.workers)
-        self.batch_size = self.rule.per_worker_batch(self.workers)
+                         policy_states=self.policy_states, signature=self.signature,
+                         sync_choice=self.sync_choice, data_state=self.data_state, **kwargs)
+        self.rescaled = self.rule.apply(self.model, self.workers, self.workers, self.dataset)
+        self.batch_size = self._batch_size()
+
+    def _check_dataset(self, dataset):
+        if dataset is None:
+            return None
+        if not (hasattr(dataset, "reshard") and hasattr(dataset, "get_state")):
+            raise TypeError(
+                f"KerasState(dataset=...) takes a keras_adapt.data.AdaptiveBatchDataset, got "
+                f"{type(dataset).__name__}; with other data give fit a data(epoch, batch) "
+                "function built with state.batch_size")
+        if (dataset.num_workers, dataset.rank) != (_hvd.size(), _hvd.rank()):
+            raise ValueError(
+                f"the AdaptiveBatchDataset is sharded for rank {dataset.rank} of "
+                f"{dataset.num_workers} but this is rank {_hvd.rank()} of {_hvd.size()}; make "
+                "it with the default num_workers and rank (Horovod's)")
+        if self.rule.mode != "none" and self.optimizer.adapt_state.batch_size_actuator is None:
+            want = self.rule.per_worker_batch(_hvd.size())
+            if dataset.micro_batch_size != want:
+                raise ValueError(
+                    f"AdaptiveBatchDataset(micro_batch_size={dataset.micro_batch_size}) does "
+                    f"not match ResizeRule({self.rule.mode!r}), which gives {want} per worker "
+                    f"with {_hvd.size()} workers; make the dataset with micro_batch_size={want}")
+        return dataset
+
+    def _batch_size(self):
+        """Each worker's batch now: the actuator's or the dataset's
+        micro-batch when there is one, else the rule's."""
+        actuator = self.optimizer.adapt_state.batch_size_actuator
+        if actuator is not None and actuator.micro_batch_size is not None:
+            return actuator.micro_batch_size
+        if self.dataset is not None:
+            return self.dataset.micro_batch_size
+        return self.rule.per_worker_batch(self.workers)
 
     # -- what is saved --------------------------------------------------------
     def _tensors(self):
@@ -151,9 +184,11 @@ class KerasState(ObjectState):
 
     def _snapshot_host(self):
         adapt_state = self.optimizer.adapt_state
-        self.adapt = {k: v.numpy() for k, v in _adapt_variables(adapt_state).items()}
+        self.adapt = {k: v.numpy() for k, v in adapt_state.checkpoint_variables().items()}
         control = adapt_state.lr_control
         self.adapt["lr_control/use_progress"] = None if control is None else control.use_progress
+        self.sync_choice = adapt_state.sync.get_state()
+        self.data_state = None if self.dataset is None else self.dataset.get_state()
         self.policy_states = [p.get_state() for p in self.policies]
 
     def _save_tensors(self):
@@ -165,17 +200,25 @@ class KerasState(ObjectState):
         if use_progress is not None:
             _optimizer.enable_lr_control(self.optimizer, bool(use_progress))
             self.model.train_function = None
-        if "accumulation/steps" in self.adapt and adapt_state.accumulation is None:
-            _optimizer.enable_accumulation(self.optimizer, int(self.adapt["accumulation/steps"]))
+        if "accumulation_steps" in self.adapt and adapt_state.accumulation is None:
+            _optimizer.enable_accumulation(self.optimizer, int(self.adapt["accumulation_steps"]))
             self.model.train_function = None
-        local = _adapt_variables(adapt_state)
+        local = adapt_state.checkpoint_variables()
         for key, value in self.adapt.items():
             if key in local:
                 local[key].assign(value)
         if adapt_state.accumulation is not None:
             adapt_state.accumulation.steps_value = int(adapt_state.accumulation.steps.numpy())
+        adapt_state.sync.set_state(self.sync_choice)
+        if self.dataset is not None:
+            if self.data_state["num_workers"] == self.dataset.num_workers:
+                self.dataset.set_state(self.data_state)
+            else:
+                self.dataset.reshard(self.dataset.num_workers, self.dataset.rank,
+                                     self.data_state["micro_batch_size"], state=self.data_state)
         for p, s in zip(self.policies, self.policy_states):
             p.restore(s)
+        self.batch_size = self._batch_size()
 
     def save(self):
         """Copies everything into host memory (called by ``commit``)."""
@@ -192,8 +235,10 @@ class KerasState(ObjectState):
 
     def sync(self):
         """Makes every rank hold rank 0's state: the position, keras-adapt's
-        state and the policies' by one object broadcast, then the weights and
-        the optimizer's variables by tensor broadcasts."""
+        state, the data position and the policies' by one object broadcast,
+        then the weights and the optimizer's variables by tensor broadcasts.
+        The synchronisation strategy then rejoins: its next update restarts
+        its own models (BMUF's, EASGD's) from the synced model."""
         mine = _signature(self._tensors())
         # Broadcast the state as it is now, not as last committed: a reset
         # has just applied the resize rule (the learning-rate factor).
@@ -208,6 +253,7 @@ class KerasState(ObjectState):
             )
         broadcast_variables(self._tensors(), root_rank=0)
         self._load_host()
+        self.optimizer.adapt_state.sync.rejoin()
         self._save_tensors()
         self._snapshot_host()
         super().save()
@@ -216,7 +262,8 @@ class KerasState(ObjectState):
         """After a worker came or went, before the sync: drops the compiled
         functions (the worker count is read when they are traced), drops a
         partly accumulated update and this worker's previous gradient (they
-        belong to the old membership), and applies the resize rule."""
+        belong to the old membership), re-shards the dataset for the new
+        workers at the position it has reached, and applies the resize rule."""
         before, after = self.workers, _hvd.size()
         self.model.train_function = None
         self.model.test_function = None
@@ -228,8 +275,10 @@ class KerasState(ObjectState):
         if adapt_state.previous is not None:
             adapt_state.previous.stored.assign(False)
         self.workers = after
-        self.rescaled = self.rule.apply(self.model, before, after)
-        self.batch_size = self.rule.per_worker_batch(after)
+        if self.dataset is not None:
+            self.dataset.reshard(after, _hvd.rank(), self.dataset.micro_batch_size)
+        self.rescaled = self.rule.apply(self.model, before, after, self.dataset)
+        self.batch_size = self._batch_size()
         self._pending = {"before": before, "after": after, "since": self._last_step_end,
                          "reset_at": time.time()}
 

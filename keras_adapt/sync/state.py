@@ -167,6 +167,71 @@ class SyncState:
             )
         self._select(strategy, enter=type(strategy) is not type(self._strategy))
 
+    def get_state(self):
+        """The choice made on the host: the strategy in use and its
+        parameters (JSON-able). The variables behind it (index, count,
+        parameters) are in ``adapt_state.checkpoint_variables()``.
+
+        Example:
+
+        >>> from keras_adapt.sync import AllReduceSGD, LocalSGD, SyncState
+        >>> sync = SyncState([AllReduceSGD(), LocalSGD(period=4)])
+        >>> sync.set("local_sgd", period=8)
+        >>> sync.get_state()
+        {'strategy': 'local_sgd', 'params': {'period': 8, 'start_after': 0}}
+        """
+        return {"strategy": self._strategy.name, "params": self._strategy.params()}
+
+    def set_state(self, state):
+        """Takes a choice saved by :meth:`get_state` (a commit, or rank 0's
+        in an elastic sync) without averaging anything and without
+        restarting the count towards the next synchronisation: what a
+        restore needs, where the models are about to be overwritten anyway.
+
+        Example:
+
+        >>> from keras_adapt.sync import AllReduceSGD, LocalSGD, SyncState
+        >>> a = SyncState([AllReduceSGD(), LocalSGD(period=4)])
+        >>> b = SyncState([AllReduceSGD(), LocalSGD(period=4)])
+        >>> a.set("local_sgd", period=8)
+        >>> b.set_state(a.get_state())
+        >>> b.strategy, int(b.index.numpy()) == LocalSGD.index
+        (LocalSGD(period=8, start_after=0), True)
+        """
+        name = state.get("strategy") if isinstance(state, dict) else None
+        cls = STRATEGIES.get(name)
+        if cls is None or cls not in self.candidates:
+            declared = ", ".join(s.name for s in self.candidates.values())
+            raise ValueError(
+                f"the saved synchronisation strategy {name!r} was not declared by this "
+                f"optimizer (declared: {declared}); make the optimizer with the same "
+                "DistributedOptimizer(..., sync_strategy=[...]) on every worker and run")
+        strategy = self.candidates[cls].with_params(**state["params"])
+        for key, value in strategy.params().items():
+            self.variables[key].assign(value)
+        self.index.assign(strategy.index)
+        self._strategy = strategy
+
+    def rejoin(self):
+        """After a broadcast made every worker's weights and slots equal (an
+        elastic reset): the next update enters the strategy in use again, as
+        on a switch into it -- it averages the (equal) models and restarts
+        BMUF's global model and EASGD's centre from that model and BMUF's
+        block velocity at zero -- and may measure the gradient statistics
+        (the models agree). The count towards the next synchronisation and
+        the parameters go on unchanged.
+
+        Example:
+
+        >>> from keras_adapt.sync import BlockMomentum, SyncState
+        >>> sync = SyncState([BlockMomentum(period=4)])
+        >>> sync.rejoin()
+        >>> bool(sync.entered.numpy()), bool(sync.measure_ready.numpy())
+        (False, True)
+        """
+        self.entered.assign(False)
+        self.measure_ready.assign(True)
+
     def _select(self, strategy, enter):
         for name, value in strategy.params().items():
             self.variables[name].assign(value)
