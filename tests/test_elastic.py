@@ -435,3 +435,162 @@ def test_horovod_names_reach_the_elastic_package():
             hvd.elastic.UpdateBatchStateCallback, hvd.elastic.UpdateEpochStateCallback) == (
         elastic.KerasState, elastic.run, elastic.CommitStateCallback,
         elastic.UpdateBatchStateCallback, elastic.UpdateEpochStateCallback)
+
+
+# -- the sync strategy's state and the batch machinery across a reset ----------
+
+def test_sync_strategy_state_commits_restores_and_rejoins_after_a_sync():
+    import keras_adapt
+    from keras_adapt import elastic
+    from keras_adapt.sync import AllReduceSGD, BlockMomentum, LocalSGD
+
+    x, y = _data(80)
+    model = _model(sync_strategy=[AllReduceSGD(), LocalSGD(period=3, start_after=2),
+                                  BlockMomentum(period=2)])
+    state = elastic.KerasState(model)
+    sync = model.optimizer.adapt_state.sync
+    # KerasState commits exactly the list PreemptionCheckpoint writes.
+    assert set(state.adapt) == set(model.optimizer.adapt_state.checkpoint_variables()) | {
+        "lr_control/use_progress"}
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=2, verbose=0)
+    sync.set("local_sgd", period=5)           # a SyncStrategyPolicy's switch
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=4, verbose=0)
+    assert int(sync.count.numpy()) == 4
+    state.save()
+    assert state.sync_choice == {"strategy": "local_sgd",
+                                 "params": {"period": 5, "start_after": 2}}
+    sync.set("block_momentum", period=7)
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=3, verbose=0)
+    assert sync.strategy == BlockMomentum(period=7) and int(sync.count.numpy()) == 3
+    state.restore()
+    assert sync.strategy == LocalSGD(period=5, start_after=2)
+    assert int(sync.index.numpy()) == LocalSGD.index
+    assert int(sync.count.numpy()) == 4       # the period's phase and start_after go on
+    assert int(sync.variables["period"].numpy()) == 5
+    # BMUF after a sync: its global model restarts from the synced model and
+    # its block velocity from zero (the old membership's velocity is dropped).
+    sync.set("block_momentum", period=2)
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=1, verbose=0)
+    for v in sync.extra["block_velocity"] + sync.extra["global_model"]:
+        v.assign(v + 7.0)                     # stale state of the old membership
+    state.sync()
+    assert not bool(sync.entered.numpy()) and bool(sync.measure_ready.numpy())
+    assert sync.strategy == BlockMomentum(period=2) and int(sync.count.numpy()) == 1
+    synced = [np.array(w) for w in model.trainable_variables]
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=1, verbose=0)
+    assert bool(sync.entered.numpy()) and int(sync.count.numpy()) == 2
+    # count 1 -> 2 synchronises: one worker, mean = x, began = x_g = synced,
+    # v = 1.0 * (x - synced), x_g = synced + v = x, start = x_g + 0.5 v.
+    local = [np.array(w) for w in model.trainable_variables]
+    for g, v, s, now in zip(sync.extra["global_model"], sync.extra["block_velocity"], synced,
+                            local):
+        velocity = np.array(g) - s
+        np.testing.assert_allclose(np.array(v), velocity, atol=1e-6)
+        np.testing.assert_allclose(now, np.array(g) + 0.5 * velocity, atol=1e-6)
+        assert np.abs(velocity).max() < 1.0   # not the stale +7
+    assert keras_adapt.optimizer.effective_learning_rate(model.optimizer) == pytest.approx(0.05)
+
+
+def test_dataset_reshard_keeps_the_global_position():
+    from keras_adapt.data import AdaptiveBatchDataset
+
+    x = np.arange(24.0)
+    perm0 = np.random.default_rng((7, 0)).permutation(24)
+    perm1 = np.random.default_rng((7, 1)).permutation(24)
+    two = [AdaptiveBatchDataset(x, micro_batch_size=3, seed=7, num_workers=2, rank=r)
+           for r in (0, 1)]
+    seen = [two[r].next_indices() for _ in range(2) for r in (0, 1)]
+    # Equal shares: rank r takes perm[r::2]; two steps of 2 x 3 = perm[:12].
+    assert sorted(np.concatenate(seen).tolist()) == sorted(perm0[:12].tolist())
+    # 2 -> 3 workers of 2 samples: step s gives rank r perm[12 + 6 s + 2 r:][:2].
+    three = [AdaptiveBatchDataset(x, micro_batch_size=2, seed=7, num_workers=3, rank=r)
+             for r in range(3)]
+    for r, ds in enumerate(three):
+        ds.reshard(3, r, 2, state=two[0].get_state())
+    got = [[three[r].next_indices().tolist() for r in range(3)] for _ in range(3)]
+    for s in range(2):
+        for r in range(3):
+            assert got[s][r] == perm0[12 + 6 * s + 2 * r:][:2].tolist()
+    # Pass 0 is used up (24 samples, each once); step 2 starts pass 1.
+    assert got[2] == [perm1[0:2].tolist(), perm1[2:4].tolist(), perm1[4:6].tolist()]
+    used = np.concatenate(seen + [np.array(got[s][r]) for s in range(2) for r in range(3)])
+    assert sorted(used.tolist()) == list(range(24))
+    # 3 -> 1 worker of 12 from the middle of pass 1, and the state round-trips.
+    one = AdaptiveBatchDataset(x, micro_batch_size=2, seed=7, num_workers=3, rank=2)
+    one.reshard(1, 0, 12, state=three[1].get_state())
+    assert (one.num_workers, one.rank, one.micro_batch_size) == (1, 0, 12)
+    copy = AdaptiveBatchDataset(x, micro_batch_size=2, seed=7, num_workers=1, rank=0)
+    copy.set_state(one.get_state())
+    assert one.next_indices().tolist() == copy.next_indices().tolist() == perm1[6:18].tolist()
+    with pytest.raises(ValueError, match=r"micro_batch_size=13\) does not fit .* at most 12"):
+        one.reshard(2, 0, 13)
+    with pytest.raises(ValueError, match="seed=7.*seed=8"):
+        AdaptiveBatchDataset(x, micro_batch_size=2, seed=8, num_workers=1, rank=0).reshard(1, 0, 2, one.get_state())
+
+
+def test_resize_rule_acts_through_global_batch_size_and_the_dataset():
+    import keras_adapt
+    from keras_adapt import elastic
+    from keras_adapt.actuators import GlobalBatchSize
+    from keras_adapt.data import AdaptiveBatchDataset
+
+    x, y = _data(64)
+    model = _model(lr=0.04)
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=8, num_workers=1, rank=0)
+    batch = GlobalBatchSize(model, dataset=ds)    # max micro-batch 8
+    batch.workers = 2                             # as with two workers: 2 x 8 x 1 = 16
+    keep = elastic.ResizeRule("keep", global_batch=16)
+    change = keep.apply(model, 2, 1, ds)
+    # One worker keeps 16 with the largest micro-batch (8) and k = 2.
+    assert (batch.workers, ds.micro_batch_size, batch.accumulation.steps, batch.value) == (
+        1, 8, 2, 16)
+    assert change == {"before": {"batch_size": 8, "global_batch": 16, "accumulation": 1,
+                                 "lr": pytest.approx(0.04)},
+                      "after": {"batch_size": 8, "global_batch": 16, "accumulation": 2,
+                                "lr": pytest.approx(0.04)}}
+    keep.apply(model, 1, 4, ds)                   # 4 workers: 4 x 4 x 1
+    assert (ds.micro_batch_size, batch.accumulation.steps, batch.value) == (4, 1, 16)
+    # "scale": each worker keeps b x k, the global batch and the rate follow N.
+    scale = elastic.ResizeRule("scale", batch_size=4, base_workers=4)
+    change = scale.apply(model, 4, 2, ds)
+    assert (ds.micro_batch_size, batch.accumulation.steps, batch.value) == (4, 1, 8)
+    assert change["after"]["lr_factor"] == 0.5
+    assert keras_adapt.optimizer.effective_learning_rate(model.optimizer) == pytest.approx(0.02)
+    # A GlobalBatchSize feeding a dataset the state does not know is refused.
+    other = AdaptiveBatchDataset(x, y, micro_batch_size=8, num_workers=1, rank=0)
+    with pytest.raises(ValueError, match=r"KerasState\(\.\.\., dataset=ds\)"):
+        keep.apply(model, 2, 2, other)
+
+
+def test_state_keeps_and_reshards_the_dataset_position():
+    from keras_adapt import elastic
+    from keras_adapt.data import AdaptiveBatchDataset
+
+    import tensorflow as tf
+
+    x, y = _data(64)
+    perm = np.random.default_rng((0, 0)).permutation(64)
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=8, num_workers=1, rank=0)
+    model = _model()
+    state = elastic.KerasState(model, dataset=ds, rule=elastic.ResizeRule("keep", global_batch=8))
+    runs = elastic.fit(state, ds, epochs=1, steps_per_epoch=3, verbose=0,
+                       callbacks=[elastic.CommitStateCallback(state, batches_per_commit=2)])
+    assert [len(h.epoch) for h in runs] == [1] and ds.produced == 3
+    assert state.data_state["produced"] == 3   # committed at the end of fit
+    assert ds.next_indices().tolist() == perm[24:32].tolist()
+    state.restore()                           # back to the commit: the next batch again
+    assert ds.next_indices().tolist() == perm[24:32].tolist()
+    state.restore()
+    state.reset()                             # a "restart" with one worker: re-sharded
+    state.sync()
+    assert ds.rank_micro_batch_sizes == [8] and ds.next_indices().tolist() == perm[24:32].tolist()
+    assert state.batch_size == 8 and state.resizes == []
+    # Bad combinations, each with the fix.
+    with pytest.raises(ValueError, match="make the dataset with micro_batch_size=16"):
+        elastic.KerasState(_model(), dataset=ds, rule=elastic.ResizeRule("keep", global_batch=16))
+    with pytest.raises(TypeError, match="takes a keras_adapt.data.AdaptiveBatchDataset"):
+        elastic.KerasState(_model(), dataset=tf.data.Dataset.range(3))
+    with pytest.raises(ValueError, match=r"fit\(state, state.dataset"):
+        elastic.fit(state, lambda e, b: None, epochs=2, steps_per_epoch=3)
+    with pytest.raises(ValueError, match=r"KerasState\(model, \.\.\., dataset=ds\)"):
+        elastic.fit(elastic.KerasState(_model()), ds, epochs=2, steps_per_epoch=3)
