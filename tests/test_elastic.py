@@ -24,13 +24,13 @@ ONE_HOST = "localhost:1\n"
 LR = 0.02
 
 
-def _job(tmp_path, rule, actions, commit=COMMIT):
+def _job(tmp_path, rule, actions, commit=COMMIT, extra=()):
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()
     script, hosts = discovery_script(tmp_path, TWO_HOSTS)
     args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", rule,
             "--epochs", EPOCHS, "--steps", STEPS, "--commit", commit, "--lr", LR,
-            "--actions", json.dumps(actions)]
+            "--actions", json.dumps(actions), *extra]
     done = horovodrun_elastic("elastic_train.py", args, script, np=2, min_np=1, max_np=2,
                               timeout=300)
     finals = [json.load(open(out / name)) for name in sorted(os.listdir(out))
@@ -83,8 +83,11 @@ def _resize(event, before, after):
 
 
 def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
+    # The data is an AdaptiveBatchDataset driven by a GlobalBatchSize: the
+    # reset re-shards it and the rule acts through the actuator.
     done, finals, events = _job(tmp_path, "keep", [
-        {"step": 10, "do": "hosts", "hosts": ONE_HOST}], commit="auto")
+        {"step": 10, "do": "hosts", "hosts": ONE_HOST}], commit="auto",
+        extra=["--adaptive-data"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [1]  # the removed worker left
     final = finals[0]
@@ -99,7 +102,14 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     assert (event["before"]["batch_size"], event["after"]["batch_size"]) == (16, 32)
     assert event["before"]["global_batch"] == event["after"]["global_batch"] == 32
     assert event["before"]["lr"] == pytest.approx(LR) and event["after"]["lr"] == pytest.approx(LR)
+    assert event["before"]["accumulation"] == event["after"]["accumulation"] == 1
     assert event["step"] == _first_step_with(final, 1)["iterations"]
+    # The stream was re-sharded once, at the step of the change, and handed
+    # out exactly the 90 global batches (2880 rows), none twice.
+    data = final["data"]
+    assert (data["num_workers"], data["rank_sizes"], data["produced"]) == (1, [32], TOTAL)
+    assert data["global_samples"] == data["global_cursor"] == TOTAL * 32
+    assert data["changes"] == [[event["step"] - 1, 32]]
     # The statistics after the change come from the one-worker estimator
     # over the whole global batch of 32.
     assert final["stats"]["batch_size"] == 32.0
@@ -111,17 +121,23 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
 
 
 def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
+    # LocalSGD (period 3): its count goes across the resets (the new worker
+    # gets it in the sync), so update 90 averages the models.
     done, finals, events = _job(tmp_path, "scale", [
         {"step": 8, "do": "hosts", "hosts": ONE_HOST},
-        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1}])
+        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1}],
+        extra=["--sync", "local_sgd:3"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [2, 2]
     old, new = finals
     for final in finals:
         _assert_finished(final)
-    # The two ranks end identical: weights and optimizer state (slots).
+    # The two ranks end identical (the last update averaged the models;
+    # LocalSGD keeps the optimizer slots local, test_scale_up_... checks
+    # that the sync gives them to a new worker).
     assert old["weights"] == new["weights"]
-    assert old["optimizer"] == new["optimizer"]
+    assert old["sync"] == new["sync"] == {"strategy": "local_sgd", "count": TOTAL,
+                                          "params": {"period": 3, "start_after": 0}}
     assert _ids(old) == list(range(TOTAL))
     # The new worker joined at a commit and ran every step from there on.
     joined = _ids(new)

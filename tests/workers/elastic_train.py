@@ -13,6 +13,12 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       discovery file after global step i (``"when_workers": n``: only once n workers run)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
 
+``--sync local_sgd:H``: the optimizer runs LocalSGD with period H (its count
+and choice go across the resets). ``--adaptive-data``: the data is an
+AdaptiveBatchDataset over the same global batches in order (unshuffled rows
+``step_indices`` of every step) driven by a GlobalBatchSize, given to the
+state, which re-shards it on every reset; the rule acts through them.
+
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
 discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
@@ -34,8 +40,11 @@ import tensorflow as tf
 
 import keras_adapt
 from keras_adapt import elastic
+from keras_adapt.actuators import GlobalBatchSize
 from keras_adapt.callbacks import GradientStatsMonitor
+from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.policies import ResizePolicy
+from keras_adapt.sync import LocalSGD
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -53,6 +62,8 @@ parser.add_argument("--actions", default="[]")
 parser.add_argument("--reference", action="store_true")
 parser.add_argument("--request-workers", type=int, default=None)
 parser.add_argument("--request-at", type=int, default=None)
+parser.add_argument("--sync", default=None, help="local_sgd:H")
+parser.add_argument("--adaptive-data", action="store_true")
 args = parser.parse_args()
 
 DIM, SAMPLES = 8, 4096
@@ -74,7 +85,13 @@ def make_model():
     model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(4, activation="tanh"),
                               keras.layers.Dense(1)])
     # Adam: the joining worker needs the slots (m, v) before the first sync.
-    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(args.lr)), "mse")
+    sync = None
+    if args.sync is not None:
+        name, period = args.sync.split(":")
+        assert name == "local_sgd", args.sync
+        sync = LocalSGD(period=int(period))
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(args.lr),
+                                                   sync_strategy=sync), "mse")
     return model
 
 
@@ -143,7 +160,16 @@ if args.reference:
         json.dump(out, f)
     raise SystemExit(0)
 
-state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir)
+dataset = None
+if args.adaptive_data:
+    # Row i of the stream is sample i of the global order the reference trains on.
+    rows = np.concatenate([step_indices(e, s, 0, 1, args.global_batch)
+                           for e in range(args.epochs) for s in range(args.steps)])
+    dataset = AdaptiveBatchDataset(
+        X[rows], Y[rows], micro_batch_size=args.global_batch // keras_adapt.size(), shuffle=False)
+    GlobalBatchSize(model, dataset=dataset,
+                                          max_micro_batch_size=args.global_batch)
+state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir, dataset=dataset)
 recorder = Recorder(state)
 commit = elastic.CommitStateCallback(
     state, batches_per_commit=args.commit if args.commit == "auto" else int(args.commit))
@@ -167,8 +193,8 @@ def data(epoch, batch):
 def train(state):
     syncs.append({"epoch": state.epoch, "batch": state.batch, "workers": keras_adapt.size(),
                   "rank": keras_adapt.rank(), "time": time.time()})
-    return elastic.fit(state, data, epochs=args.epochs, steps_per_epoch=args.steps,
-                       callbacks=callbacks, verbose=0)
+    return elastic.fit(state, data if dataset is None else dataset, epochs=args.epochs,
+                       steps_per_epoch=args.steps, callbacks=callbacks, verbose=0)
 
 
 train(state)
@@ -182,6 +208,9 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
        "commits": commit.commits, "commit_seconds": commit.commit_seconds,
        "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
+       "sync": {**model.optimizer.adapt_state.sync.get_state(),
+                "count": int(model.optimizer.adapt_state.sync.count.numpy())},
+       "data": None if dataset is None else {**dataset.get_state(), "changes": dataset.changes},
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
 with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
     json.dump(out, f)
