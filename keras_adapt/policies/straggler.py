@@ -71,6 +71,37 @@ def proportional_batches(speeds, total):
     return out
 
 
+def exclusion_decision(hosts, rank, leaving, min_workers):
+    """Whether worker ``rank``'s host may be excluded: ``(excluded,
+    workers_left, why)``.
+
+    ``hosts``: every worker's host, by rank; ``leaving``: hosts already
+    excluded whose workers still run. Excluding a host removes all its
+    workers; it is refused when the host is already leaving
+    (``workers_left`` None) or when fewer than ``min_workers`` workers
+    would be left (never the last host: ``min_workers >= 1``).
+
+    Example:
+
+    >>> from keras_adapt.policies.straggler import exclusion_decision
+    >>> exclusion_decision(["a", "b", "b"], 1, [], min_workers=1)
+    (True, 1, '1 of 3 workers left')
+    >>> exclusion_decision(["a", "b", "b"], 1, [], min_workers=2)[:2]
+    (False, 1)
+    >>> exclusion_decision(["a", "a"], 1, [], min_workers=1)
+    (False, 0, 'that would leave 0 of 2 workers, fewer than min_workers=1')
+    """
+    host = hosts[rank]
+    if host in leaving:
+        return False, None, "it was already excluded"
+    gone = set(leaving) | {host}
+    left = sum(h not in gone for h in hosts)
+    if left < min_workers:
+        return False, left, (f"that would leave {left} of {len(hosts)} workers, fewer than "
+                             f"min_workers={min_workers}")
+    return True, left, f"{left} of {len(hosts)} workers left"
+
+
 ACTIONS = ("record", "rebalance", "exclude")
 
 
@@ -265,29 +296,26 @@ class StragglerPolicy(AdaptationPolicy):
 
     def _exclude(self, ranks):
         """Excludes the hosts of the flagged ``ranks`` as far as ``min_workers``
-        allows; ``{rank: (event after-values, note for the reason)}``."""
+        allows (:func:`exclusion_decision`); ``{rank: (event after-values,
+        note for the reason)}``."""
         if self._hosts is None:
             self._hosts = self.exclusion.worker_hosts()  # one collective, on every rank alike
-        hosts, out = self._hosts, {}
+        out = {}
         for rank in ranks:
-            host = hosts[rank]
-            if host in self._leaving:
+            host = self._hosts[rank]
+            excluded, left, why = exclusion_decision(self._hosts, rank, self._leaving,
+                                                     self.min_workers)
+            if not excluded:
+                if left is not None and _hvd.rank() == 0:
+                    warnings.warn(f"StragglerPolicy: host {host} not excluded: {why}",
+                                  RuntimeWarning, stacklevel=2)
                 out[rank] = ({"action": "record", "host": host},
-                             f"; host {host} was already excluded")
-                continue
-            gone = set(self._leaving) | {host}
-            left = sum(h not in gone for h in hosts)
-            if left < self.min_workers:
-                note = (f"host {host} not excluded: that would leave {left} of {len(hosts)} "
-                        f"workers, fewer than min_workers={self.min_workers}")
-                if _hvd.rank() == 0:
-                    warnings.warn(f"StragglerPolicy: {note}", RuntimeWarning, stacklevel=2)
-                out[rank] = ({"action": "record", "host": host}, "; " + note)
+                             f"; host {host} not excluded: {why}")
                 continue
             self.exclusion.exclude(host)
             self._leaving.append(host)
             out[rank] = ({"action": "exclude", "host": host, "workers_left": left},
-                         f"; host {host} excluded ({left} of {len(hosts)} workers left)")
+                         f"; host {host} excluded ({why})")
         return out
 
     def on_adapt_begin(self, values):
