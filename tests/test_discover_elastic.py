@@ -17,7 +17,8 @@ def _elastic_run(tmp_path, start, worker_args, hosts="localhost:2\n", extra_env=
     """One elastic job of tests/workers/elastic_target_checks.py whose
     discovery script is ``keras-adapt discover`` reading the hosts file, the
     target file (``start`` workers) and the exclusion file from the
-    environment; returns the target file's and the exclusion file's paths."""
+    environment; returns the job's output and the target file's and the
+    exclusion file's paths."""
     hosts_file, target = tmp_path / "hosts", str(tmp_path / "target")
     exclude = str(tmp_path / "excluded")
     hosts_file.write_text(hosts)
@@ -30,12 +31,12 @@ def _elastic_run(tmp_path, start, worker_args, hosts="localhost:2\n", extra_env=
     done = horovodrun_elastic("elastic_target_checks.py", ["--out", tmp_path, *worker_args],
                               str(script), np=start, timeout=240, extra_env=env)
     assert done.leftover == 0
-    return target, exclude
+    return done, target, exclude
 
 
 @pytest.mark.parametrize("start, wanted", [(2, 1), (1, 2)])
 def test_a_requested_count_changes_the_membership(tmp_path, start, wanted):
-    target, _ = _elastic_run(tmp_path, start, ["--request", wanted])
+    _, target, _ = _elastic_run(tmp_path, start, ["--request", wanted])
     with open(tmp_path / "sizes.json") as f:
         result = json.load(f)
     sizes = result["sizes"]
@@ -56,11 +57,12 @@ def test_a_straggler_host_is_excluded_and_the_job_goes_on_without_it(tmp_path):
     """Two hosts (localhost and 127.0.0.1, one worker each), rank 1 slowed 3x:
     StragglerPolicy(action="exclude") writes rank 1's host to the exclusion
     file, keras-adapt discover leaves it out, Horovod stops that worker and
-    the other one finishes every step, once."""
+    the other one finishes every step, once. A second policy on the same
+    measurements, with min_workers=2, refuses and warns."""
     from keras_adapt.events import read_events
 
     log = tmp_path / "log"
-    _, exclude = _elastic_run(
+    done, _, exclude = _elastic_run(
         tmp_path, 2, ["--straggler", "--log-dir", log, "--epochs", EPOCHS, "--steps", STEPS],
         hosts="localhost:1\n127.0.0.1:1\n", extra_env={"KERAS_ADAPT_SLOW_RANK": "1:3"})
     finals = [json.load(open(tmp_path / n)) for n in os.listdir(tmp_path)
@@ -84,18 +86,27 @@ def test_a_straggler_host_is_excluded_and_the_job_goes_on_without_it(tmp_path):
     change = next(i for i, s in enumerate(final["steps"]) if s["workers"] == 1)
     assert {(s["workers"], s["batch_size"]) for s in final["steps"][:change]} == {(2, 16)}
     assert {(s["workers"], s["batch_size"]) for s in final["steps"][change:]} == {(1, 32)}
-    # On disk, in order: the straggler event (rank 1 flagged, its host
-    # excluded), then the elastic state's resize 2 -> 1.
-    straggler, resize = read_events(str(log))
-    assert straggler["kind"] == "straggler" and straggler["policy"] == "StragglerPolicy"
+    # On disk, in order: at one update, the straggler events (rank 1 flagged;
+    # min_workers=2 keeps its host, min_workers=1 excludes it), then the
+    # elastic state's resize 2 -> 1.
+    kept, straggler, resize = read_events(str(log))
+    assert kept["kind"] == straggler["kind"] == "straggler"
+    assert kept["policy"] == straggler["policy"] == "StragglerPolicy"
     after = straggler["after"]
     assert (after["straggler_rank"], after["action"], after["host"]) == (1, "exclude", slow_host)
     assert after["workers_left"] == 1 and after["ratio"] > 1.067
     assert after["compute_time"] == pytest.approx(after["ratio"] * after["median_compute_time"])
-    assert f"host {slow_host} excluded" in straggler["reason"]
+    assert f"host {slow_host} excluded (1 of 2 workers left)" in straggler["reason"]
+    refusal = (f"host {slow_host} not excluded: that would leave 1 of 2 workers, fewer than "
+               "min_workers=2")
+    same = {k: v for k, v in after.items() if k != "workers_left"}
+    assert kept["after"] == {**same, "action": "record"} and refusal in kept["reason"]
+    assert kept["step"] == straggler["step"]
+    assert done.stderr.count(f"StragglerPolicy: {refusal}") == 1   # warned, on rank 0
     assert resize["kind"] == "resize" and resize["policy"] == "KerasState"
     assert (resize["before"]["workers"], resize["after"]["workers"]) == (2, 1)
     assert straggler["step"] < resize["step"] == final["steps"][change]["iterations"]
-    assert final["events"] == [straggler]   # the survivor's own record of the decision
+    # the survivor's own record of the decisions; nothing kept by the refusing one
+    assert (final["events"], final["kept_events"], final["kept"]) == ([straggler], [kept], [])
     print(f"excluded {slow_host} at update {straggler['step']} (ratio {after['ratio']:.2f}), "
           f"one worker from update {resize['step']}, pause {resize['after']['pause_s']:.3f} s")

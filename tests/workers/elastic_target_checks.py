@@ -9,7 +9,8 @@ then change the membership. Rank 0 writes the worker count of every step to
 
 ``--straggler``: an elastic ``fit`` (``keras_adapt.elastic``, rule "keep",
 global batch 32) with a ``WorkerTimingMonitor`` and
-``StragglerPolicy(action="exclude")``; the test slows one rank
+``StragglerPolicy(action="exclude")`` (and one more with ``min_workers=2``,
+which must refuse); the test slows one rank
 (``KERAS_ADAPT_SLOW_RANK``), the policy writes its host to the exclusion file
 ``keras-adapt discover`` reads (``KERAS_ADAPT_EXCLUDE_FILE``), and Horovod
 stops that worker. Each process that finishes writes
@@ -88,9 +89,11 @@ def straggler_fit():
                                log_dir=args.log_dir)
     monitor = WorkerTimingMonitor(interval=4)
     # Short warm-up and patience: the slowed rank is flagged within a few
-    # measurements; min_workers=1 (horovodrun --min-np 1).
-    policy = StragglerPolicy(monitor, warmup_s=0.2, patience=2, action="exclude",
-                             min_workers=1, log_dir=args.log_dir)
+    # measurements. Two policies judge the same measurements: one that must
+    # keep two workers (it refuses to exclude), then one that may go down
+    # to one (horovodrun --min-np 1) and excludes.
+    keep_two, policy = (StragglerPolicy(monitor, warmup_s=0.2, patience=2, action="exclude",
+                                        min_workers=n, log_dir=args.log_dir) for n in (2, 1))
 
     class Recorder(keras.callbacks.Callback):
         """After the elastic callbacks: every executed step's global id."""
@@ -109,7 +112,7 @@ def straggler_fit():
     recorder = Recorder()
     callbacks = [elastic.CommitStateCallback(state, batches_per_commit=4),
                  elastic.UpdateBatchStateCallback(state), elastic.UpdateEpochStateCallback(state),
-                 monitor, policy, recorder]
+                 monitor, keep_two, policy, recorder]
 
     def data(epoch, batch):
         n, r, b = keras_adapt.size(), keras_adapt.rank(), state.batch_size
@@ -128,7 +131,7 @@ def straggler_fit():
            "workers": keras_adapt.size(), "epoch": state.epoch, "batch": state.batch,
            "iterations": int(model.optimizer.iterations.numpy()), "steps": recorder.steps,
            "excluded": policy.exclusion.excluded, "events": policy.events,
-           "warmup_end_step": policy.warmup_end_step}
+           "kept": keep_two.exclusion.excluded, "kept_events": keep_two.events}
     with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
         json.dump(out, f)
 
