@@ -152,12 +152,13 @@ class StragglerPolicy(AdaptationPolicy):
     host's workers); the others continue from the last commit, and the
     elastic state records a ``resize`` event. The event's ``after`` holds
     ``action`` (``"exclude"``, or ``"record"`` when the host was not
-    excluded) and the ``host``. The ranks' hosts are gathered once per
-    membership, when a worker is first flagged. A host is never excluded
-    when that would leave fewer than ``min_workers`` workers (never the
-    last host): the event then says why and a warning is issued. Excluded
-    hosts stay out for the rest of the run; remove a host's line from the
-    file to bring it back.
+    excluded) and the ``host``. The ranks' hosts are gathered (one
+    allgather) when a worker is first flagged in a ``fit`` (after a change
+    of membership, ``keras_adapt.elastic.fit`` starts a new one). A host
+    is never excluded when that would leave fewer than ``min_workers``
+    workers (never the last host): the event then says why and a warning
+    is issued. Excluded hosts stay out for the rest of the run; remove a
+    host's line from the file to bring it back.
 
     Args:
         monitor: the run's ``WorkerTimingMonitor`` (in the same callback
@@ -256,8 +257,8 @@ class StragglerPolicy(AdaptationPolicy):
         self._undo = None  # (sizes, step time) before the last rebalance
         self._recent = []  # (compute times, step time) judged since the last change
         self._stopped = False
-        self._hosts = None  # every rank's host (exclude), gathered once per membership
-        self._leaving = []  # hosts excluded since the membership began (still running)
+        self._hosts = None  # every rank's host (exclude), gathered once per fit
+        self._leaving = []  # hosts excluded in this fit (their workers may still run)
         #: The optimizer step of the measurement that completed the warm-up
         #: (the measurements after it are judged); None before.
         self.warmup_end_step = None
