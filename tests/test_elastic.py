@@ -435,3 +435,76 @@ def test_horovod_names_reach_the_elastic_package():
             hvd.elastic.UpdateBatchStateCallback, hvd.elastic.UpdateEpochStateCallback) == (
         elastic.KerasState, elastic.run, elastic.CommitStateCallback,
         elastic.UpdateBatchStateCallback, elastic.UpdateEpochStateCallback)
+
+
+# -- a worker preempted with SIGTERM leaves; the other goes on without rollback --
+
+def _left(tmp_path):
+    out = tmp_path / "out"
+    return [json.load(open(out / n)) for n in sorted(os.listdir(out)) if n.startswith("left_")]
+
+
+@pytest.mark.parametrize("signalled,rule", [(1, "keep"), (0, "scale")])
+def test_sigterm_worker_leaves_and_the_other_goes_on_without_rollback(tmp_path, reference,
+                                                                      signalled, rule):
+    """SIGTERM to one worker mid-epoch (between commits): it leaves at the
+    step the workers agree on, the other continues from exactly there."""
+    term_after = 13  # commits after steps 3, 7, 11, 15: a rollback would redo steps
+    done, finals, events = _job(tmp_path, rule, [
+        {"step": term_after, "do": "term", "rank": signalled}])
+    assert done.leftover == 0
+    (left,) = _left(tmp_path)
+    (final,) = finals
+    # The leaver exited with the documented code (as horovodrun saw it).
+    assert left["code"] == 75 and left["rank"] == signalled
+    assert done.stdout.count("exit with status code 75") == 1, done.stdout[-3000:]
+    assert "exit with status code" not in done.stdout.replace("exit with status code 75", "")
+    assert final["workers"] == 1 and final["rank"] == 0
+    _assert_finished(final)
+    # Every step ran exactly once: the leaver's up to the agreed step, the
+    # survivor's all of them, in order, and nothing was restored.
+    ids, left_ids = _ids(final), _ids(left)
+    assert ids == list(range(TOTAL)) and final["restores"] == 0 == left["restores"]
+    leave_at = left_ids[-1]
+    assert left_ids == list(range(leave_at + 1)) and term_after <= leave_at < term_after + 3
+    assert left["iterations"] == leave_at + 1
+    first_alone = _first_step_with(final, 1)
+    assert first_alone["id"] == leave_at + 1
+    # The survivor re-formed at the leave step: its second sync is there.
+    again = final["syncs"][1]
+    assert (again["workers"], again["epoch"] * STEPS + again["batch"]) == (1, leave_at + 1)
+    preemption, resize = events
+    assert preemption["kind"] == "preemption" and preemption["policy"] == "LeaveOnSignalCallback"
+    assert preemption["rank"] == 1 - signalled  # written by the survivor
+    assert preemption["step"] == leave_at + 1
+    assert preemption["after"]["signalled_ranks"] == [signalled]
+    assert preemption["after"]["signals"] == ["SIGTERM"]
+    assert preemption["after"]["exit_code"] == 75 and preemption["after"]["workers"] == 1
+    assert f"SIGTERM on rank {signalled}" in preemption["reason"]
+    assert 0.0 < preemption["after"]["signal_to_leave_s"] < 30.0
+    _resize(resize, 2, 1)
+    assert resize["step"] == first_alone["iterations"] == leave_at + 2
+    pause = resize["after"]
+    assert pause["pause_s"] == pytest.approx(pause["reform_s"] + pause["resume_s"], abs=1e-5)
+    assert pause["reform_s"] > 0.0 and pause["resume_s"] > 0.0
+    if rule == "keep":
+        # The survivor takes the whole global batch of 32; the rate stays,
+        # and the weights are those of one process over the same batches.
+        assert {(s["workers"], s["batch_size"]) for s in final["steps"]} == {(2, 16), (1, 32)}
+        assert {s["lr"] for s in final["steps"]} == pytest.approx([LR])
+        assert (resize["before"]["batch_size"], resize["after"]["batch_size"]) == (16, 32)
+        _assert_weights(final, reference)
+    else:
+        # "scale": 16 per worker; the rate given for two workers halves.
+        for s in final["steps"]:
+            assert s["batch_size"] == 16
+            assert s["lr"] == pytest.approx(LR * s["workers"] / 2, rel=1e-6)
+        assert (resize["before"]["global_batch"], resize["after"]["global_batch"]) == (32, 16)
+        assert (resize["before"]["lr"], resize["after"]["lr"]) == pytest.approx((LR, LR / 2))
+    # Training time the leave cost: the last step with two workers to the
+    # first step with one.
+    gap = first_alone["time"] - final["steps"][leave_at]["time"]
+    print(f"leave of rank {signalled}: agreed at step {leave_at} (signal after "
+          f"{term_after}), pause {pause['pause_s']:.3f} s (reform {pause['reform_s']:.3f}, "
+          f"resume {pause['resume_s']:.3f}), last-to-first step {gap:.3f} s, "
+          f"signal to leave {preemption['after']['signal_to_leave_s']:.3f} s")

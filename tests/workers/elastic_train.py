@@ -12,12 +12,15 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
   {"step": i, "do": "hosts", "hosts": "localhost:1\\n"}            rank 0 rewrites the
       discovery file after global step i (``"when_workers": n``: only once n workers run)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
+  {"step": i, "do": "term", "rank": r}       rank r sends itself SIGTERM after step i
+      (a preempted machine: it leaves gracefully, LeaveOnSignalCallback)
 
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
 discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
 
-Each process that finishes writes <out>/final_<pid>.json.
+Each process that finishes writes <out>/final_<pid>.json; one that leaves
+on a signal writes <out>/left_<pid>.json, then exits with the callback's code.
 """
 
 import argparse
@@ -127,6 +130,9 @@ class Recorder(keras.callbacks.Callback):
             elif action["do"] == "kill" and keras_adapt.rank() == action["rank"]:
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif action["do"] == "term" and keras_adapt.rank() == action["rank"]:
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(args.sleep)
 
 
@@ -153,6 +159,17 @@ callbacks = [commit, elastic.UpdateBatchStateCallback(state),
 if args.request_workers is not None:
     callbacks.append(RequestAt(state, args.request_at, args.request_workers))
 syncs = []
+restores = []
+_restore = state.restore
+
+
+def counted_restore():
+    """Counts the rollbacks to the last commit (a failure; never a graceful leave)."""
+    restores.append(time.time())
+    _restore()
+
+
+state.restore = counted_restore
 
 
 def data(epoch, batch):
@@ -171,15 +188,28 @@ def train(state):
                        callbacks=callbacks, verbose=0)
 
 
-train(state)
+
+def result(rank, workers):
+    return {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
+            "workers": workers, "epoch": state.epoch, "batch": state.batch,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "weights": [w.tolist() for w in model.get_weights()],
+            "steps": recorder.steps, "syncs": syncs, "restores": len(restores)}
+
+
+try:
+    train(state)
+except SystemExit as leave:
+    # LeaveOnSignalCallback: this worker was signalled and leaves the job.
+    with open(os.path.join(args.out, f"left_{os.getpid()}.json"), "w") as f:
+        last = recorder.steps[-1]  # Horovod is shut down: the rank it had then
+        json.dump({**result(last["rank"], last["workers"]), "code": leave.code}, f)
+    raise
 stats = model.optimizer.gradient_statistics.result()
-out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.rank(),
-       "workers": keras_adapt.size(), "epoch": state.epoch, "batch": state.batch,
-       "iterations": int(model.optimizer.iterations.numpy()),
-       "weights": [w.tolist() for w in model.get_weights()],
+out = {**result(keras_adapt.rank(), keras_adapt.size()),
        "optimizer": [np.asarray(v).tolist() for v in
                      keras_adapt.optimizer.optimizer_variables(model.optimizer)],
-       "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
+       "resizes": state.resizes,
        "commits": commit.commits, "commit_seconds": commit.commit_seconds,
        "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
