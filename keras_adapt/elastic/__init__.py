@@ -3,10 +3,10 @@
 Horovod's names, for keras-adapt on Keras 3 and tf.keras 2 (see
 docs/elastic.md): :class:`KerasState`, :func:`run`,
 :class:`CommitStateCallback`, :class:`UpdateBatchStateCallback`,
-:class:`UpdateEpochStateCallback`; plus :class:`LeaveOnSignalCallback` (a
-signalled worker leaves, the others go on without rollback), :class:`ResizeRule` (how the
-batch and the learning rate follow the worker count) and :func:`fit`
-(resumes mid-epoch at the committed step).
+:class:`UpdateEpochStateCallback`; plus :class:`LeaveOnSignalCallback`
+(a signalled worker leaves, the others go on without rollback),
+:class:`ResizeRule` (how the batch and the learning rate follow the worker
+count) and :func:`fit` (resumes mid-epoch at the committed step).
 
 Example:
 

@@ -13,14 +13,16 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       discovery file after global step i (``"when_workers": n``: only once n workers run)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
   {"step": i, "do": "term", "rank": r}       rank r sends itself SIGTERM after step i
-      (a preempted machine: it leaves gracefully, LeaveOnSignalCallback)
+      (a preempted machine: it leaves gracefully, LeaveOnSignalCallback);
+      ``"signal": "SIGINT"`` sends that one instead
 
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
 discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
 
-Each process that finishes writes <out>/final_<pid>.json; one that leaves
-on a signal writes <out>/left_<pid>.json, then exits with the callback's code.
+Each process appends every step it runs to <out>/steps_<pid>.jsonl (a worker
+that leaves on a signal ends at once), and one that finishes writes
+<out>/final_<pid>.json.
 """
 
 import argparse
@@ -115,6 +117,8 @@ class Recorder(keras.callbacks.Callback):
         self.steps.append({"id": step_id, "workers": keras_adapt.size(), "rank": keras_adapt.rank(),
                            "batch_size": s.batch_size, "lr": s.lr, "time": time.time(),
                            "iterations": int(self.model.optimizer.iterations.numpy())})
+        with open(os.path.join(args.out, f"steps_{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(self.steps[-1]) + "\n")
         for i, action in enumerate(ACTIONS):
             marker = os.path.join(args.out, f"action{i}.done")
             if step_id < action["step"] or os.path.exists(marker):
@@ -132,7 +136,7 @@ class Recorder(keras.callbacks.Callback):
                 os.kill(os.getpid(), signal.SIGKILL)
             elif action["do"] == "term" and keras_adapt.rank() == action["rank"]:
                 open(marker, "w").close()
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), getattr(signal, action.get("signal", "SIGTERM")))
         time.sleep(args.sleep)
 
 
@@ -187,29 +191,16 @@ def train(state):
     return elastic.fit(state, data, epochs=args.epochs, steps_per_epoch=args.steps,
                        callbacks=callbacks, verbose=0)
 
-
-
-def result(rank, workers):
-    return {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
-            "workers": workers, "epoch": state.epoch, "batch": state.batch,
-            "iterations": int(model.optimizer.iterations.numpy()),
-            "weights": [w.tolist() for w in model.get_weights()],
-            "steps": recorder.steps, "syncs": syncs, "restores": len(restores)}
-
-
-try:
-    train(state)
-except SystemExit as leave:
-    # LeaveOnSignalCallback: this worker was signalled and leaves the job.
-    with open(os.path.join(args.out, f"left_{os.getpid()}.json"), "w") as f:
-        last = recorder.steps[-1]  # Horovod is shut down: the rank it had then
-        json.dump({**result(last["rank"], last["workers"]), "code": leave.code}, f)
-    raise
+train(state)
 stats = model.optimizer.gradient_statistics.result()
-out = {**result(keras_adapt.rank(), keras_adapt.size()),
+out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.rank(),
+       "workers": keras_adapt.size(), "epoch": state.epoch, "batch": state.batch,
+       "iterations": int(model.optimizer.iterations.numpy()),
+       "weights": [w.tolist() for w in model.get_weights()],
        "optimizer": [np.asarray(v).tolist() for v in
                      keras_adapt.optimizer.optimizer_variables(model.optimizer)],
-       "resizes": state.resizes,
+       "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
+       "restores": len(restores),
        "commits": commit.commits, "commit_seconds": commit.commit_seconds,
        "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
