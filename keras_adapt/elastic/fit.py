@@ -76,12 +76,20 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
         if not any(isinstance(c, cls) for c in callbacks):
             callbacks.append(cls(state))
     histories = []
-    if state.batch > 0 and state.epoch < epochs:
-        histories.append(state.model.fit(
-            data(state.epoch, state.batch), initial_epoch=state.epoch, epochs=state.epoch + 1,
-            steps_per_epoch=steps_per_epoch - state.batch, callbacks=callbacks, **kwargs))
-    if state.epoch < epochs:
-        histories.append(state.model.fit(
-            data(state.epoch, 0), initial_epoch=state.epoch, epochs=epochs,
-            steps_per_epoch=steps_per_epoch, callbacks=callbacks, **kwargs))
+    try:
+        if state.batch > 0 and state.epoch < epochs:
+            histories.append(state.model.fit(
+                data(state.epoch, state.batch), initial_epoch=state.epoch,
+                epochs=state.epoch + 1, steps_per_epoch=steps_per_epoch - state.batch,
+                callbacks=callbacks, **kwargs))
+        if state.epoch < epochs:
+            histories.append(state.model.fit(
+                data(state.epoch, 0), initial_epoch=state.epoch, epochs=epochs,
+                steps_per_epoch=steps_per_epoch, callbacks=callbacks, **kwargs))
+    finally:
+        # A fit left by an exception (a reset) never calls on_train_end:
+        # the signal handlers must not outlive it.
+        for c in callbacks:
+            if isinstance(c, LeaveOnSignalCallback):
+                c.agreement.remove()
     return histories
