@@ -1,4 +1,4 @@
-"""``LeaveOnSignalCallback``: a signalled worker leaves an elastic job; the others go on without rollback."""
+"""``LeaveOnSignalCallback``: a signalled worker leaves; the others go on without rollback."""
 
 import collections
 import os
