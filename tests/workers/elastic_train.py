@@ -202,7 +202,8 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
        "restores": len(restores),
        "commits": commit.commits, "commit_seconds": commit.commit_seconds,
-       "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
+       "commit_interval": commit.interval, "commit_measured": commit.measured,
+       "lr": state.lr, "batch_size": state.batch_size,
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
 with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
     json.dump(out, f)
