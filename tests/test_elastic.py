@@ -413,6 +413,39 @@ def test_commit_interval_auto_rule():
         assert k == 1 or commit_s > 0.01 * (k - 1) * step_s
 
 
+def test_commits_wait_for_the_end_of_an_accumulated_update():
+    # k = 2 micro-steps per update, a commit due every 3 steps: each commit
+    # waits for the update's last micro-step (steps 4, 8 of an epoch of 10,
+    # then the epoch's end at 10), with nothing left in the accumulators.
+    from keras_adapt import elastic
+
+    model = _model(backward_passes_per_step=2)
+    committed = []
+
+    class Recorded(elastic.KerasState):
+        def save(self):
+            acc = self.optimizer.adapt_state.accumulation
+            committed.append((self.epoch, self.batch, int(acc.count.numpy())))
+            super().save()
+
+    state = Recorded(model)
+    commit = elastic.CommitStateCallback(state, batches_per_commit=3)
+    x, y = _data(40)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False, callbacks=[
+        elastic.UpdateBatchStateCallback(state), elastic.UpdateEpochStateCallback(state), commit])
+    assert committed == [(0, 4, 0), (0, 8, 0), (1, 0, 0), (1, 4, 0), (1, 8, 0), (2, 0, 0)]
+    assert commit.commits == 6
+    # An epoch of 9 micro-steps ends inside an update: its commit waits for
+    # the next epoch's first micro-step, and the interval counts from there.
+    committed.clear()
+    model = _model(backward_passes_per_step=2)
+    state = Recorded(model)
+    model.fit(x[:36], y[:36], batch_size=4, epochs=2, verbose=0, shuffle=False, callbacks=[
+        elastic.UpdateBatchStateCallback(state), elastic.UpdateEpochStateCallback(state),
+        elastic.CommitStateCallback(state, batches_per_commit=3)])
+    assert committed == [(0, 4, 0), (0, 8, 0), (1, 1, 0), (1, 5, 0), (2, 0, 0)]
+
+
 def test_bad_input_is_refused_with_the_fix():
     import keras
 

@@ -11,6 +11,8 @@ import time
 import keras
 import numpy as np
 
+from keras_adapt.optimizer import UpdateBoundary
+
 #: ``batches_per_commit="auto"`` (the default) commits every this many steps
 #: until it has measured :data:`AUTO_MEASURED_COMMITS` commits of this ``fit``.
 AUTO_FIRST_INTERVAL = 10
@@ -50,6 +52,11 @@ class CommitStateCallback(keras.callbacks.Callback):
     broadcast, whether workers are about to come or go; if so every rank
     leaves ``fit`` at the same step and the elastic run re-forms the job.
     A worker that fails loses the steps since the last commit.
+
+    Commits come only between optimizer updates: with gradient
+    accumulation (k micro-steps per update) a commit that falls due inside
+    an update waits for its last micro-step, so neither a change of workers
+    nor a restore ever cuts an update in two.
 
     Args:
         state: the :class:`~keras_adapt.elastic.KerasState`.
@@ -96,6 +103,8 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.measured = None
         self._since = 0
         self._due = False
+        self._boundary = None
+        self._at_boundary = True
         self._commit_times = []
         self._step_times = []
         self._step_start = None
@@ -134,6 +143,8 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._since = 0
         self._due = False
         self._step_start = None
+        self._boundary = UpdateBoundary(self.state.optimizer)
+        self._at_boundary = True
         if self.batches_per_commit == "auto":
             self.interval = AUTO_FIRST_INTERVAL
             self.measured = None
@@ -150,8 +161,9 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.state.step_finished()
+        self._at_boundary = self._boundary.step_ended()
         self._since += 1
-        if self._since >= self.interval:
+        if self._since >= self.interval and self._at_boundary:
             self._since = 0
             self._due = True
 
@@ -160,8 +172,11 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._commit_if_due()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._since = 0
-        self._due = True
+        if self._at_boundary:
+            self._since = 0
+            self._due = True
+        else:  # an update spans the epoch's end: commit after its last micro-step
+            self._since = self.interval
 
     def on_train_end(self, logs=None):
         self._commit_if_due()
