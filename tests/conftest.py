@@ -20,6 +20,10 @@ def _env():
     # OpenMPI refuses to start as root unless told that is intended.
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # Gloo's rendezvous waits 30 s by default for every worker; a worker that
+    # joins an elastic job must first start Python and TensorFlow, which takes
+    # longer than that on a loaded 2-core machine (seen: the job then fails).
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
     if os.environ.get("KERAS_ADAPT_TEST_INSTALLED") != "1":
         # Workers import this checkout (tools/check_install.sh tests the
         # installed wheel instead and sets KERAS_ADAPT_TEST_INSTALLED=1).
