@@ -48,13 +48,8 @@ WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
 SYSTEM_ROW_IN = 3.0
 #: Extra height of a run that has worker compute and wait times (WorkerTimingMonitor).
 TIMING_ROW_IN = 3.0
-
-#: One colour per declared event kind, the same as the Adapt tab's
-#: (``static/index.js``); other kinds are grey.
-KIND_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resize": "#2ca02c",
-               "resume": "#bcbd22", "sync_strategy": "#17becf", "straggler": "#d62728",
-               "preemption": "#9467bd", "checkpoint": "#8c564b"}
-UNKNOWN_COLOR = "#7f7f7f"
+#: Colours of the lines of one chart that draws one line per worker or host.
+LINE_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 
 
 @dataclasses.dataclass
@@ -193,7 +188,7 @@ def _panel(ax, title, lines, events, log=False, integer=False):
     elif integer and drawn:
         _integer_axis(ax, lines)
     for e in events:
-        ax.axvline(e["step"], color=KIND_COLORS.get(e["kind"], UNKNOWN_COLOR),
+        ax.axvline(e["step"], color=metadata.event_color(e["kind"]),
                    linestyle="--", linewidth=1.0, alpha=0.8)
     if drawn and len(lines) > 1:
         ax.legend(fontsize=8, loc="best")
@@ -216,16 +211,14 @@ def _minor_log_label(ax, value):
 
 def _worker_lines(series, which):
     """``(label, points, colour, step)`` per worker of one of the worker times."""
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
     found = sorted((metadata.parse_worker_time_tag(t)[1], t) for t in series
                    if (metadata.parse_worker_time_tag(t) or (None,))[0] == which)
-    return [(f"rank {rank}", series[t], palette[i % len(palette)], False)
+    return [(f"rank {rank}", series[t], LINE_PALETTE[i % len(LINE_PALETTE)], False)
             for i, (rank, t) in enumerate(found)]
 
 
 def _system_lines(series, metrics):
     """``(label, points, colour, step)`` per host and metric of the system series."""
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
     found = sorted((metadata.parse_system_tag(t), t) for t in series
                    if metadata.parse_system_tag(t) is not None)
     hosts = sorted({host for (host, _), _ in found})
@@ -233,8 +226,8 @@ def _system_lines(series, metrics):
     for (host, metric), t in found:
         if metric in metrics:
             label = f"host {host}" + (f" {metrics[metric]}" if metrics[metric] else "")
-            color = palette[(hosts.index(host) * len(metrics) + list(metrics).index(metric))
-                            % len(palette)]
+            color = LINE_PALETTE[(hosts.index(host) * len(metrics) + list(metrics).index(metric))
+                                 % len(LINE_PALETTE)]
             lines.append((label, series[t], color, False))
     return lines
 
@@ -356,7 +349,7 @@ def build_figure(runs, dpi=DPI):
                [("samples/s", s.get(tag["throughput"], []), "#1565c0", False)], ev)
         _panel(axes[1, 1], "step time per worker (s)", _worker_lines(s, "step_time"), ev)
         kinds = sorted({e["kind"] for e in ev})
-        handles = [Line2D([0], [0], color=KIND_COLORS.get(k, UNKNOWN_COLOR), linestyle="--",
+        handles = [Line2D([0], [0], color=metadata.event_color(k), linestyle="--",
                           label=_mpl_text(f"{k} ({sum(e['kind'] == k for e in ev)})"))
                    for k in kinds]
         sync = has_sync_strategy_panel(run)

@@ -146,6 +146,43 @@ def _train_sync(log_dir):
         Switch(), AdaptTensorBoard(log_dir, update_freq=2, batch_size=16)])
 
 
+#: The "kinds" run: (step, kind) of its events, one of every declared kind
+#: (two at one step) and one of a kind from a newer writer.
+KIND_EVENTS = [(2, "resize"), (4, "straggler"), (4, "checkpoint"), (6, "preemption"),
+               (8, "resume"), (10, "sync_strategy"), (12, "batch_size"), (14, "lr"),
+               (16, "teleport")]
+
+
+def _train_kinds(log_dir):
+    """A real short run with AdaptTensorBoard and an event of every kind."""
+    import keras
+    import keras_adapt
+    import tensorflow as tf
+    from keras_adapt import events
+    from keras_adapt.callbacks import AdaptTensorBoard
+    from keras_adapt.record import metadata, summary
+
+    class Emit(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            for at, kind in KIND_EVENTS:
+                if at == step and kind in metadata.EVENT_KINDS:
+                    events.emit(kind, step=step, epoch=0, policy="BrowserTestPolicy",
+                                reason=f"a {kind} event", before={}, after={"n": step},
+                                log_dir=log_dir)
+
+    x = np.random.default_rng(2).random((160, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0,
+              callbacks=[Emit(), AdaptTensorBoard(log_dir, update_freq=4)])
+    (step, kind), = [e for e in KIND_EVENTS if e[1] not in metadata.EVENT_KINDS]
+    newer = dict(metadata.make_event("resume", step, 0, "Future", "a kind from a newer writer",
+                                     {}, {}), kind=kind)
+    with tf.summary.create_file_writer(log_dir).as_default():
+        summary.events([newer])
+
+
 def _write_hostile_run(log_dir):
     import tensorflow as tf
     from keras_adapt.record import metadata, summary
@@ -209,6 +246,7 @@ def run_logdir(tmp_path):
     logdir = tmp_path / "logs"
     _train(str(logdir / "train"))
     _train_sync(str(logdir / "sync"))
+    _train_kinds(str(logdir / "kinds"))
     _write_hostile_run(str(logdir / HOSTILE))
     return logdir
 
@@ -301,6 +339,12 @@ def test_events_route_equals_the_jsonl_with_both_loaders(run_logdir, tensorboard
     got = _get(tensorboard_url + f"/data/plugin/adapt/scalars?run=sync&tag={tag}")["series"][tag]
     # (a value rewritten at a step replaces the earlier one there, TensorBoard's rule)
     assert [(p[0], p[2]) for p in got] == sorted(dict(_tfevents_scalars(run_logdir / "sync", tag)[tag]).items())
+
+
+def _rgb(hex_colour):
+    """``#1f77b4`` as the browser computes it: ``rgb(31, 119, 180)``."""
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
 
 
 def _adapt_frame(page, timeout=60):
@@ -505,6 +549,27 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
             assert rows.nth(0).locator("td").nth(6).inner_text() == "local_sgd (period: 4, start_after: 0)"
             assert rows.nth(1).locator("td").nth(6).inner_text() == "model_averaging (alpha: 0.5)"
             page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_sync_strategy.png"), full_page=True)
+
+            # Every kind in its own colour, the one the runs route gives (the
+            # schema's), on the markers, in the table and in the legend; a kind
+            # from a newer writer in the unknown colour.
+            listing = _get(tensorboard_url + "/data/plugin/adapt/runs")
+            colour = dict(listing["kind_colors"])
+            frame.select_option("#adapt-run", "kinds")
+            frame.wait_for_selector('body[data-adapt-ready="kinds"]')
+            markers = frame.locator('svg[data-chart="lr"] .adapt-marker')
+            drawn = [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute(
+                "data-kind"), markers.nth(i).locator("line").first.get_attribute("stroke"))
+                for i in range(markers.count())]
+            assert drawn == [(s, k, colour.get(k, listing["unknown_color"])) for s, k in KIND_EVENTS]
+            assert len({c for _, _, c in drawn}) == len(KIND_EVENTS)
+            rows = frame.locator("#adapt-events tbody tr")
+            assert rows.count() == len(KIND_EVENTS)
+            for i, (_, kind) in enumerate(KIND_EVENTS):
+                swatch = rows.nth(i).locator("td").nth(2).locator(".swatch")
+                assert swatch.evaluate("e => getComputedStyle(e).backgroundColor") == _rgb(
+                    colour.get(kind, listing["unknown_color"])), kind
+            page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_event_kinds.png"), full_page=True)
 
             # A hostile run name and event text render as text, never as markup.
             frame.select_option("#adapt-run", HOSTILE)

@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import os
+import re
 import tempfile
 import time
 import urllib.parse
@@ -201,6 +202,12 @@ def test_runs_lists_only_runs_with_adapt_data(client):
     assert body["kinds"] == list(metadata.EVENT_KINDS) == ["batch_size", "lr", "resize", "resume",
                                                         "sync_strategy", "straggler", "preemption",
                                                         "checkpoint"]
+    # One distinct colour per declared kind (the tab draws with these), and
+    # a different one for any other kind.
+    assert list(body["kind_colors"]) == body["kinds"]
+    colours = list(body["kind_colors"].values()) + [body["unknown_color"]]
+    assert len(set(colours)) == len(colours)
+    assert all(re.fullmatch("#[0-9a-f]{6}", c) for c in colours), colours
     # The strategies' names by the index adapt/sync_strategy holds, as the
     # strategy classes number themselves (the tab labels its chart with them).
     from keras_adapt.sync.state import STRATEGIES

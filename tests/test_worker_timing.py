@@ -220,17 +220,20 @@ def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path, 
         return statistics.median(x["result"]["compute_time"][1] / x["result"]["compute_time"][0]
                                  for x in measured)
     plain_ratio, ratio = compute_ratio(plain_measured), compute_ratio(slow_measured)
-    print(f"slow rank 1:3: median compute ratio {plain_ratio:.2f} -> {ratio:.2f}; rank 0 wait "
-          f"{_median(plain_measured, 'wait_time', 0):.4f} -> {_median(slow_measured, 'wait_time', 0):.4f} s")
+    waits = {(run, rank): _median(measured, "wait_time", rank) for run, measured in (
+        ("plain", plain_measured), ("slow", slow_measured)) for rank in (0, 1)}
+    print(f"slow rank 1:3: median compute ratio {plain_ratio:.2f} -> {ratio:.2f}; waits {waits}")
     # Rank 1 sleeps twice its own gap between collectives, so its compute
     # time is about 3x; rank 0's few milliseconds of host work per step are
     # noisy on a shared 2-core machine (medians of 2.0-2.8 seen), so the
     # test asks for a clear slow-down against the same machine's plain run
     # (about 1.0) rather than for the exact factor.
     assert plain_ratio < 1.5 and 1.6 < ratio < 6.0, (plain_ratio, ratio)
-    # The fast rank waits for the slow one: longer than before, and longer than rank 1.
-    assert _median(slow_measured, "wait_time", 0) > _median(plain_measured, "wait_time", 0)
-    assert _median(slow_measured, "wait_time", 0) > _median(slow_measured, "wait_time", 1)
+    # The fast rank waits for the slow one: longer than rank 1 does, by more
+    # than in the plain run (where either may wait a little longer). Both
+    # compared within a run: a loaded machine stretches both ranks' waits.
+    assert waits["slow", 0] > waits["slow", 1], waits
+    assert waits["slow", 0] - waits["slow", 1] > waits["plain", 0] - waits["plain", 1], waits
 
     # StragglerPolicy: rank 1 is flagged once it was slow in `patience`
     # measurements after the warm-up; rank 0 never. Its decisions are the

@@ -20,6 +20,7 @@ import time
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt._traced_option import TracedOption
 
 #: Environment variable of the slow-rank test hook (see :func:`slow_rank`).
 SLOW_RANK_ENV = "KERAS_ADAPT_SLOW_RANK"
@@ -106,7 +107,7 @@ def _sleep(seconds):
     return 0
 
 
-class CollectiveTiming:
+class CollectiveTiming(TracedOption):
     """Seconds the workers spend in the collectives of their optimizer updates.
 
     ``optimizer.adapt_state.timing``: a small public object. Once
@@ -141,7 +142,7 @@ class CollectiveTiming:
     """
 
     def __init__(self):
-        self.enabled = False
+        super().__init__()
         self.monitored = False
         self.wait_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                         name="collective_wait_seconds")
@@ -150,13 +151,6 @@ class CollectiveTiming:
         # When this worker's previous collective ended (slow-rank hook only).
         self._last_end = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                      name="last_collective_end")
-
-    def enable(self):
-        """Turns the stamps on; True if they were off (a train function traced
-        before then has none and must be traced again)."""
-        was_off = not self.enabled
-        self.enabled = True
-        return was_off
 
     def read(self):
         """``(wait_seconds, collectives)`` so far, as python numbers (a host read)."""

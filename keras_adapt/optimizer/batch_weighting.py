@@ -19,8 +19,10 @@ off, nor in a job of one worker.
 
 import tensorflow as tf
 
+from keras_adapt._traced_option import TracedOption
 
-class BatchWeighting:
+
+class BatchWeighting(TracedOption):
     """Weights every worker's gradient by its share of the global batch.
 
     Attributes:
@@ -43,16 +45,9 @@ class BatchWeighting:
     """
 
     def __init__(self):
-        self.enabled = False
+        super().__init__()
         self.reference = tf.Variable(1.0, dtype=tf.float32, trainable=False,
                                      name="batch_weighting_reference")
-
-    def enable(self):
-        """Turns the weighting on; True if it was off (a train function traced
-        before then has none and must be traced again)."""
-        was_off = not self.enabled
-        self.enabled = True
-        return was_off
 
     def active(self, num_workers):
         """Whether the update of a job of ``num_workers`` carries the weighting."""

@@ -97,6 +97,14 @@ EVENTS_FILENAME = "adapt_events.jsonl"
 #: code starts emitting it; readers show any other kind as "unknown".
 EVENT_KINDS = ("batch_size", "lr", "resize", "resume", "sync_strategy", "straggler",
                "preemption", "checkpoint")
+#: The colour of each declared kind's markers, in the Adapt tab (its runs
+#: route serves them) and in the report; every kind of :data:`EVENT_KINDS`
+#: has one.
+EVENT_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resize": "#2ca02c",
+                "resume": "#bcbd22", "sync_strategy": "#17becf", "straggler": "#d62728",
+                "preemption": "#9467bd", "checkpoint": "#8c564b"}
+#: The colour of any other kind (written by a newer keras-adapt).
+UNKNOWN_EVENT_COLOR = "#7f7f7f"
 #: The synchronisation strategies by the value of the strategy variable
 #: (``keras_adapt.sync``): the ``adapt/sync_strategy`` series holds the index
 #: of the strategy in use, and readers label it with these names.
@@ -110,6 +118,18 @@ _FIELD_TYPES = {
     "kind": "str", "policy": "str", "reason": "str",
     "before": "dict", "after": "dict",
 }
+
+
+def event_color(kind):
+    """The colour readers draw events of ``kind`` in.
+
+    Example:
+
+    >>> from keras_adapt.record import metadata
+    >>> metadata.event_color("resize"), metadata.event_color("teleport")
+    ('#2ca02c', '#7f7f7f')
+    """
+    return EVENT_COLORS.get(kind, UNKNOWN_EVENT_COLOR)
 
 
 def step_time_tag(rank):

@@ -3,8 +3,9 @@
 Routes (under ``/data/plugin/adapt/``):
 
 ``runs``
-    ``{"runs": [{"run", "tags", "events"}], "kinds": [...], "sync_strategies": [...]}``
-    -- every run with adapt data, the known event kinds, and the
+    ``{"runs": [{"run", "tags", "events"}], "kinds": [...], "kind_colors": {...},
+    "unknown_color": "#...", "sync_strategies": [...]}``
+    -- every run with adapt data, the known event kinds and their colours, and the
     synchronisation strategies' names by the index that the
     ``adapt/sync_strategy`` series holds (:data:`metadata.SYNC_STRATEGIES`).
 ``scalars?run=R[&tag=T][&max_points=N]``
@@ -136,6 +137,8 @@ class AdaptPlugin(base_plugin.TBPlugin):
         ctx, eid = self._request_context(request)
         runs = reader.list_runs(self._provider, ctx, eid)
         return _json(request, {"runs": runs, "kinds": list(metadata.EVENT_KINDS),
+                               "kind_colors": dict(metadata.EVENT_COLORS),
+                               "unknown_color": metadata.UNKNOWN_EVENT_COLOR,
                                "sync_strategies": list(metadata.SYNC_STRATEGIES)})
 
     @wrappers.Request.application

@@ -10,19 +10,11 @@
 const SVG_NS = 'http://www.w3.org/2000/svg';
 const MAX_POINTS = 800;
 
-// One colour per declared event kind (metadata.EVENT_KINDS; the static
-// report uses the same ones); other kinds (from a newer writer) are grey.
-const KIND_COLORS = {
-  batch_size: '#1f77b4',
-  lr: '#ff7f0e',
-  resize: '#2ca02c',
-  resume: '#bcbd22',
-  sync_strategy: '#17becf',
-  straggler: '#d62728',
-  preemption: '#9467bd',
-  checkpoint: '#8c564b',
-};
-const UNKNOWN_COLOR = '#7f7f7f';
+// The colour of each event kind, as the runs route serves them
+// (keras_adapt.record.metadata.EVENT_COLORS, the report's too); a kind the
+// route does not know (from a newer writer) gets its unknown colour.
+let kindColors = {};
+let unknownColor = '#7f7f7f';
 
 const TAG = (key) => 'adapt/' + key;
 // Per-worker times, adapt/<time>/rank_<r> (metadata.WORKER_TIMES): step time
@@ -88,7 +80,7 @@ function svg(tag, attrs = {}, text = null) {
 }
 
 function kindColor(kind) {
-  return Object.prototype.hasOwnProperty.call(KIND_COLORS, kind) ? KIND_COLORS[kind] : UNKNOWN_COLOR;
+  return Object.prototype.hasOwnProperty.call(kindColors, kind) ? kindColors[kind] : unknownColor;
 }
 
 // A number for people: integers as integers, others with up to 4
@@ -485,6 +477,8 @@ export async function render() {
       return;
     }
     ui.syncStrategies = listing.sync_strategies || [];
+    kindColors = listing.kind_colors || {};
+    unknownColor = listing.unknown_color || unknownColor;
     const previous = select.value;
     select.textContent = '';
     for (const r of listing.runs || []) select.appendChild(el('option', {value: r.run}, r.run));
