@@ -277,7 +277,7 @@ def _read(path):
         return json.load(f)
 
 
-def _wait_for_step(out, rank, step, proc, timeout=120):
+def _wait_for_step(out, rank, step, proc, timeout=300):
     path = os.path.join(out, f"progress{rank}")
     end = time.time() + timeout
     while time.time() < end:
