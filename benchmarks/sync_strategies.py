@@ -109,9 +109,9 @@ SETTINGS = {
     "policy": {},  # SyncStrategyPolicy's defaults
     "lr_grid": {"ssgd_small": [0.02, 0.05, 0.1, 0.2], "ssgd_large": [0.1, 0.2, 0.4, 0.8]},
 }
-# smoke mode: the same code paths on 2 passes; the policy may switch after
+# smoke mode: the same code paths on 3 passes; the policy may switch after
 # 10 measured updates, so its post-local rule fires at the first decay
-QUICK = {"passes": 2.0, "eval_every": 1297, "target": 0.8,
+QUICK = {"passes": 3.0, "eval_every": 1297, "target": 0.8,
          "policy": {"warmup_updates": 10, "min_switch_interval": 20}}
 
 

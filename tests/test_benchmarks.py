@@ -129,7 +129,7 @@ def test_sync_strategies_quick():
              "adaptive")
     assert set(configs) == {f"{c}@{d}" for c in names for d in ("0", "delay")}
     budget = line["budget"]
-    assert budget == int(2.0 * line["train_size"])  # --quick: 2 passes
+    assert budget == int(3.0 * line["train_size"])
     broadcasts = configs["ssgd_small@0"]["broadcasts"]
     assert broadcasts > 0
     for key, run in configs.items():
