@@ -4,20 +4,29 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
 
     .venv/bin/python benchmarks/time_to_accuracy.py          # primary stack
     .venv-keras2/bin/python benchmarks/time_to_accuracy.py   # legacy stack
-    .venv/bin/python benchmarks/time_to_accuracy.py --quick  # smoke run (~1 min)
+    .venv/bin/python benchmarks/time_to_accuracy.py --quick  # smoke run (~1 min, two tasks)
     .venv/bin/python benchmarks/time_to_accuracy.py --tune   # the LR grids
 
 How to read it
 --------------
-Two tasks, each trained four ways in the same two worker processes, one
-after the other, from the same initial weights and the same seeded,
+Three tasks, each trained several ways in the same two worker processes,
+one after the other, from the same initial weights and the same seeded,
 sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
-2 x 128 ReLU MLP, SGD with momentum 0.9:
+2 x 128 ReLU MLP (2 x 1024 on ``teacher_student_wide``), SGD with momentum 0.9:
 
 * ``small``   fixed small global batch (2 workers x 16), LR tuned;
 * ``large``   fixed global batch = ``max_batch``, LR tuned on a grid of the
   same size (the best equals the linearly scaled LR on teacher_student and
   is far below it on digits, where the scaled one diverges);
+* ``fixed``   the sweep: every power-of-two global batch between the two,
+  each at the learning rates lr_small x k^e, k = batch / min_batch, e in
+  {0, 1/4, 1/2, 3/4, 1} (from the small batch's rate unchanged, through
+  square-root, to linear scaling). Per batch the best rate (final accuracy)
+  is reported with the measured training time per update. The **best fixed
+  batch in hindsight** is, of all fixed runs (small, large, sweep) that
+  reach the target and end within 0.5 points of the most accurate fixed
+  run, the fastest to the target: the batch and rate a user would have
+  tuned;
 * ``gns``     ``GNSBatchSizePolicy`` (batch -> 1 x the measured noise
   scale): starts at the small batch with the small batch's LR; the batch
   grows through the dataset's micro-batch, the LR by AdaScale's gain;
@@ -25,8 +34,11 @@ sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
 
 Tasks: ``teacher_student`` (``keras_adapt.data.teacher_student``, 8-dim
 inputs, 10 classes, 5% label noise; 50k train, 10k test; its noise scale
-grows from about 150 to 450 within the budget) and scikit-learn
-``digits`` (1300 train, 497 test; noise scale about 25 -> 70).
+grows from about 150 to 450 within the budget), ``teacher_student_wide``
+(the same teacher, 20k train, 5k test, a 2 x 1024 MLP: compute-bound, its
+step time grows with the batch, as on an accelerator once it is full; the
+sweep's table shows it) and scikit-learn ``digits`` (1300 train, 497 test;
+noise scale about 25 -> 70).
 
 Protocol. Every configuration gets the same number of training samples
 (``passes`` over the training set), and for all of them the LR drops 10x
@@ -48,15 +60,22 @@ starts after the first update, so nobody pays for graph tracing.
 policy is faster; null when one of them never reached it);
 ``acc_delta_vs_X`` = final_gns - final_X in accuracy points (percent);
 ``update_ratio_vs_X``: the same ratio in updates (steadier than wall time on
-a busy machine; here the step time barely depends on the batch, so the two
-agree). The ``goodput_*`` fields give the same for the goodput policy.
-``met`` is the DESIGN.md target: speedup_vs_small >= 1.5 with
-acc_delta_vs_small >= -0.5 and acc_delta_vs_large > 0.
+a busy machine; with the 2 x 128 MLP the step time barely depends on the
+batch, so the two agree; not on the wide task). X is ``small``, ``large``
+or ``best_fixed`` (the best fixed batch in hindsight, also given as
+``best_fixed``; ``fixed_sweep`` lists each batch at its best rate with its
+step time in ms). The ``goodput_*`` fields give the same for the goodput
+policy. ``met`` is the DESIGN.md target: speedup_vs_small >= 1.5 with
+acc_delta_vs_small >= -0.5 and acc_delta_vs_large > 0; ``met_vs_best_fixed``
+the stricter one: speedup_vs_best_fixed >= 1.0 with
+acc_delta_vs_best_fixed >= -0.5, and speedup_vs_small >= 2.
 
 LR tuning (``--tune``): each fixed baseline runs a 5-point grid and keeps
 the best final accuracy. Found: teacher_student small 0.02 (grid 0.005-0.1),
-large 1.28 (grid 0.16-2.56; 2.56 and 5.12 diverge); digits small 0.1 (grid
-0.01-0.2), large 0.2 (grid 0.1-1.6). The policies reuse the small batch's LR
+large 1.28 (grid 0.16-2.56; 2.56 and 5.12 diverge); teacher_student_wide
+small 0.05 (grid 0.005-0.1), large not yet tuned (0.4, the square-root
+scaled rate; the sweep tries five rates at 2048 anyway); digits small 0.1
+(grid 0.01-0.2), large 0.2 (grid 0.1-1.6). The policies reuse the small batch's LR
 untouched: their own settings are the library's defaults except
 ``min_change_interval=100``, the AdaScale rule (linear scaling diverged for
 the goodput policy on digits when it jumped to 512: 16 x 0.1) and the GNS
@@ -79,7 +98,14 @@ import time
 from _workers import parser as worker_parser
 from _workers import pin_worker, run_on_workers, write_result
 
-CONFIGS = ("small", "large", "gns", "goodput")
+CONFIGS = ("small", "large", "fixed", "gns", "goodput")
+#: The learning rates each fixed batch B of the sweep tries: lr_small x k**e
+#: for these e, k = B / min_batch (0: the small batch's rate unchanged, 0.5:
+#: square-root scaling, 1: linear scaling).
+SWEEP_LR_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: A fixed batch counts as "as accurate" as the best fixed one when its final
+#: accuracy is within this of the best (the issue's +-0.5 pt).
+EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
 
@@ -87,6 +113,7 @@ SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluatio
 # target, and the learning rates found by ``--tune`` (SGD, momentum 0.9).
 TASKS = {
     "teacher_student": {
+        "data": "teacher_student",
         "train": 50_000, "test": 10_000, "teacher": {"dim": 8, "hidden": 32},
         "hidden": 128,
         "min_batch": 32, "max_batch": 2048,
@@ -102,7 +129,28 @@ TASKS = {
                     "measure_updates": 10, "interval": 10},
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
     },
+    # The compute-bound task: the same teacher, a 2 x 1024 MLP whose step
+    # time grows with the batch on a CPU core (as on an accelerator once it
+    # is full), so fewer, costlier updates are a real trade-off.
+    "teacher_student_wide": {
+        "data": "teacher_student",
+        "train": 20_000, "test": 5_000, "teacher": {"dim": 8, "hidden": 32},
+        "hidden": 1024,
+        "min_batch": 32, "max_batch": 2048,
+        "passes": 3.0, "eval_every": 2_000,
+        "target": 0.83,
+        # lr_small from --tune (grid below: 0.8282, 0.8380, 0.8494, 0.8600,
+        # 0.8504); lr_large is the square-root-scaled rate, not yet tuned.
+        "lr_small": 0.05, "lr_large": 0.4,
+        "rule": "adascale",
+        "gns": {"gns_multiple": 0.25, "hysteresis": 0.25, "min_change_interval": 100,
+                "warmup_updates": 50, "interval": 10},
+        "goodput": {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
+                    "measure_updates": 10, "interval": 10},
+        "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.2, 0.4, 0.8, 1.6, 3.2]},
+    },
     "digits": {
+        "data": "digits",
         "test": 497,
         "hidden": 128,
         "min_batch": 32, "max_batch": 512,
@@ -120,8 +168,32 @@ TASKS = {
 
 QUICK = {  # smoke mode: the same code paths on a fraction of the data
     "teacher_student": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
+    "teacher_student_wide": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
     "digits": {"passes": 3.0, "eval_every": 1_300},
 }
+#: The tasks of a smoke run unless --tasks says otherwise.
+QUICK_TASKS = ("teacher_student", "digits")
+#: Smoke mode's sweep: one batch between the bounds, linear scaling.
+QUICK_SWEEP = {"lr_exponents": (1.0,)}
+
+
+def sweep_batches(s, quick=False):
+    """The fixed global batches of the sweep: powers of two above
+    ``min_batch`` up to ``max_batch`` (smoke mode: the middle one)."""
+    out, b = [], 2 * s["min_batch"]
+    while b <= s["max_batch"]:
+        out.append(b)
+        b *= 2
+    if quick:
+        out = [out[len(out) // 2]]
+    return out
+
+
+def sweep_rates(s, batch, quick=False):
+    """The learning rates the sweep tries at ``batch`` (see SWEEP_LR_EXPONENTS)."""
+    k = batch / s["min_batch"]
+    exponents = QUICK_SWEEP["lr_exponents"] if quick else SWEEP_LR_EXPONENTS
+    return [float(f"{s['lr_small'] * k ** e:.4g}") for e in exponents]
 
 
 def task_settings(args):
@@ -191,6 +263,19 @@ def report(result, elapsed, curves=False):
             print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {r['wall']:6.2f}s "
                   f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
                   f"{r['final']:7.4f}")
+        sweep = res.get("sweep") or []
+        if sweep:
+            best = best_fixed(res)
+            print(f"fixed batches, each at its best LR of {len(SWEEP_LR_EXPONENTS)} "
+                  f"(lr_small x k^e, e in {list(SWEEP_LR_EXPONENTS)}, k = batch / {s['min_batch']}); "
+                  "step = training seconds per update")
+            print(f"{'batch':>6s} {'lr':>7s} {'step':>8s} {'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
+            for r in per_batch_best(res):
+                mark = "  <- best fixed" if best and (r["batch"], r["lr"]) == (
+                    best["batch"], best["lr"]) else ""
+                print(f"{r['batch']:6d} {r['lr']:7.4g} {1000 * r['step_s']:6.2f}ms "
+                      f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
+                      f"{r['final']:7.4f}{mark}")
         if curves:
             for c, r in runs.items():
                 print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
@@ -200,8 +285,48 @@ def report(result, elapsed, curves=False):
             print(f"met: {line['met']}  (speedup_vs_small {line['speedup_vs_small']}, "
                   f"acc_delta_vs_small {line['acc_delta_vs_small']}, "
                   f"acc_delta_vs_large {line['acc_delta_vs_large']})")
+        for prefix in ("", "goodput_"):
+            if prefix + "speedup_vs_best_fixed" in line:
+                print(f"{prefix or 'gns_'}vs best fixed: speedup {line[prefix + 'speedup_vs_best_fixed']}"
+                      f", updates {line[prefix + 'update_ratio_vs_best_fixed']}, acc_delta "
+                      f"{line[prefix + 'acc_delta_vs_best_fixed']}; met "
+                      f"{line[prefix + 'met_vs_best_fixed']}")
         print(json.dumps(line))
     print(f"\nbenchmark took {elapsed:.0f} s")
+
+
+def fixed_runs(res):
+    """Every fixed-batch run of a task: ``small``, ``large`` and the sweep's,
+    each with its global ``batch``."""
+    s, runs = res["settings"], res["runs"]
+    out = [dict(runs[c], batch=s["min_batch"] if c == "small" else s["max_batch"])
+           for c in ("small", "large") if c in runs]
+    return out + list(res.get("sweep") or [])
+
+
+def per_batch_best(res):
+    """Per fixed batch, its run at the best learning rate (highest final
+    accuracy; of equal ones, the fastest to the target), by batch."""
+    best = {}
+    for r in fixed_runs(res):
+        key = (r["final"], -(r["wall_to_target"] or float("inf")))
+        if r["batch"] not in best or key > best[r["batch"]][0]:
+            best[r["batch"]] = (key, r)
+    return [dict(r, step_s=r["wall"] / max(r["updates"], 1)) for _, (_, r) in sorted(best.items())]
+
+
+def best_fixed(res):
+    """The fixed batch and learning rate a user would have tuned, chosen in
+    hindsight: of the fixed runs that reached the target and ended within
+    EQUAL_ACCURACY of the most accurate fixed run, the fastest to the
+    target; if none of those reached it, the most accurate fixed run."""
+    runs = fixed_runs(res)
+    if not runs:
+        return None
+    top = max(runs, key=lambda r: r["final"])
+    eligible = [r for r in runs if r["wall_to_target"] is not None
+                and r["final"] >= top["final"] - EQUAL_ACCURACY - 1e-12]
+    return min(eligible, key=lambda r: r["wall_to_target"], default=top)
 
 
 def _speedup(runs, base, ours, key="wall_to_target"):
@@ -234,6 +359,36 @@ def summary(task, result, res):
                     goodput_acc_delta_vs_small=delta("goodput", "small"),
                     goodput_speedup_vs_large=_speedup(runs, "large", "goodput"),
                     goodput_acc_delta_vs_large=delta("goodput", "large"))
+
+    best = best_fixed(res) if res.get("sweep") else None
+    for prefix, config in (("", "gns"), ("goodput_", "goodput")):
+        if best is None or config not in runs:
+            continue
+        ours = runs[config]
+
+        def ratio(key):
+            if best[key] is None or ours[key] is None:
+                return None
+            return round(best[key] / ours[key], 3)
+
+        speedup = ratio("wall_to_target")
+        acc = round(100 * (ours["final"] - best["final"]), 2)
+        small = line.get(prefix + "speedup_vs_small")
+        line.update({prefix + "speedup_vs_best_fixed": speedup,
+                     prefix + "update_ratio_vs_best_fixed": ratio("updates_to_target"),
+                     prefix + "acc_delta_vs_best_fixed": acc,
+                     prefix + "met_vs_best_fixed": speedup is not None and speedup >= 1.0
+                     and acc >= -100 * EQUAL_ACCURACY and small is not None and small >= 2.0})
+    if best is not None:
+        line["best_fixed"] = {k: best[k] if not isinstance(best[k], float) else round(best[k], 4)
+                              for k in ("batch", "lr", "updates_to_target", "wall_to_target",
+                                        "final")}
+        line["fixed_sweep"] = [{"batch": r["batch"], "lr": r["lr"],
+                                "step_ms": round(1000 * r["step_s"], 3),
+                                "updates_to_target": r["updates_to_target"],
+                                "wall_to_target": None if r["wall_to_target"] is None
+                                else round(r["wall_to_target"], 3),
+                                "final": round(r["final"], 4)} for r in per_batch_best(res)]
 
     def met(prefix):
         sp, ds, dl = (line.get(prefix + k) for k in
@@ -277,7 +432,7 @@ def worker(args):
     settings = task_settings(args)
 
     def load(name, s):
-        if name == "teacher_student":
+        if s["data"] == "teacher_student":
             x, y = teacher_student(s["train"], seed=0, **s["teacher"])
             # another size draws other samples from the same teacher
             xt, yt = teacher_student(s["test"], seed=0, **s["teacher"])
@@ -359,7 +514,7 @@ def worker(args):
             if done:
                 self.model.stop_training = True
 
-    def run(name, s, data, config, lr):
+    def run(name, s, data, config, lr, batch=None):
         x, y, xt, yt = data
         keras.utils.set_random_seed(0)
         model = keras.Sequential([
@@ -372,7 +527,9 @@ def worker(args):
         opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
                                                gradient_stats=adaptive)
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        micro = (s["max_batch"] if config == "large" else s["min_batch"]) // workers
+        if batch is None:
+            batch = s["max_batch"] if config == "large" else s["min_batch"]
+        micro = batch // workers
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=micro, seed=0)
         callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
         policy = None
@@ -420,11 +577,20 @@ def worker(args):
         result["tasks"] = {}
         for name, s in settings.items():
             data = load(name, s)
-            runs = {}
+            runs, sweep = {}, []
             for config in configs:
+                if config == "fixed":
+                    for batch in sweep_batches(s, args.quick):
+                        for lr in sweep_rates(s, batch, args.quick):
+                            if "large" in configs and (batch, lr) == (s["max_batch"], s["lr_large"]):
+                                continue  # that run is "large"
+                            r = run(name, s, data, config, lr, batch)
+                            sweep.append(dict(r, batch=batch, curve=None))
+                    continue
                 lr = s["lr_large"] if config == "large" else s["lr_small"]
                 runs[config] = run(name, s, data, config, lr)
-            result["tasks"][name] = {"settings": s, "runs": runs, "train_size": len(data[0])}
+            result["tasks"][name] = {"settings": s, "runs": runs, "sweep": sweep,
+                                     "train_size": len(data[0])}
     write_result(args.out, rank, result)
 
 
@@ -433,12 +599,16 @@ def main():
     parser.add_argument("--quick", action="store_true", help="short smoke run")
     parser.add_argument("--tune", action="store_true",
                         help="run the LR grids of the fixed-batch baselines instead")
-    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS),
+                        help=f"default: all ({', '.join(TASKS)}); with --quick: "
+                             f"{', '.join(QUICK_TASKS)}")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, help="a subset of configurations")
     parser.add_argument("--curves", action="store_true", help="also print the accuracy curves")
     parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
                         help="override a task setting, e.g. digits.passes=10")
     args = parser.parse_args()
+    if args.tasks is None:
+        args.tasks = list(QUICK_TASKS if args.quick else TASKS)
     worker(args) if args.worker else launch(args)
 
 

@@ -36,6 +36,18 @@ def test_time_to_accuracy_quick():
             assert all(32 <= b <= 2048 for b in batches)
         # same sample budget for everyone: the large batch needs the fewest updates
         assert configs["large"]["updates"] < configs["small"]["updates"]
+        # The fixed batches: small, one between the bounds, large, each at its
+        # best rate; the best of them in hindsight (none reaches the target in
+        # a smoke run: the most accurate), and the policies against it.
+        sweep = line["fixed_sweep"]
+        assert [r["batch"] for r in sweep] == {"teacher_student": [32, 512, 2048],
+                                               "digits": [32, 256, 512]}[line["task"]]
+        assert sweep[0]["final"] == configs["small"]["final"]
+        assert line["best_fixed"]["final"] == max(r["final"] for r in sweep)
+        for prefix, config in (("", "gns"), ("goodput_", "goodput")):
+            assert line[prefix + "acc_delta_vs_best_fixed"] == pytest.approx(
+                100 * (configs[config]["final"] - line["best_fixed"]["final"]), abs=0.011)
+            assert prefix + "speedup_vs_best_fixed" in line
 
 
 def _perf_model_benchmark():

@@ -3,7 +3,6 @@
 import collections
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -14,14 +13,14 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd, events
+from keras_adapt.callbacks.signal_agreement import SIGNALS, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
 
 #: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
 #: ``sysexits.h``, "a temporary failure, the user is invited to retry".
 EXIT_CODE = 75
-#: The signals that request a checkpoint and a stop.
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The signals that request a checkpoint and a stop: SIGNALS (SIGTERM, SIGINT).
 
 
 def _check_number(name, value, minimum, integer=False, allow_none=False):
@@ -156,11 +155,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         #: Seconds from the first signal (on any rank) to the checkpoint on
         #: disk, on every rank (None before a preemption).
         self.signal_to_disk_s = None
-        self._requested = False
-        self._signal = None
-        self._signal_time = None
+        self._signals = SignalAgreement("keras_adapt_preempt", SIGNALS, self._start_deadline)
         self._saved = threading.Event()
-        self._old_handlers = {}
         self._dataset = None
         self._policy_list = []
         self._pending = None  # (path, meta) of the checkpoint to restore at set_model
@@ -177,7 +173,6 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._check_seconds = collections.deque(maxlen=8)
         self._boundary = None  # which micro-step completes an update
         self._timer = None
-        self._signalled = {}
         self._manager = None
         self._checkpoint = None
         self._meta = None
@@ -391,23 +386,20 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self.events.append(event)
 
     # -- signals -----------------------------------------------------------
-    def _on_signal(self, signum, frame):
-        if not self._requested:
-            self._requested = True
-            self._signal = signal.Signals(signum).name
-            self._signal_time = time.time()
-            if self.deadline_s is not None:
-                self._timer = threading.Timer(self.deadline_s, self._deadline_passed)
-                self._timer.daemon = True
-                self._timer.start()
+    def _start_deadline(self):
+        """Called by the signal handler, after it recorded the signal."""
+        if self.deadline_s is not None:
+            self._timer = threading.Timer(self.deadline_s, self._deadline_passed)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _deadline_passed(self):
         if self._saved.is_set():
             return
         sys.stderr.write(
             f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within deadline_s="
-            f"{self.deadline_s} s of {self._signal}; exiting with {self.exit_code}, the newest "
-            f"checkpoint in {self.directory} is the previous one\n")
+            f"{self.deadline_s} s of {self._signals.signal}; exiting with {self.exit_code}, the "
+            f"newest checkpoint in {self.directory} is the previous one\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE if self.exit_code is None else self.exit_code)
 
@@ -415,13 +407,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("PreemptionCheckpoint needs fit to run on the main thread "
                                "(signal handlers can only be set there)")
-        for sig in SIGNALS:
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _remove_handlers(self):
-        for sig, old in self._old_handlers.items():
-            signal.signal(sig, old)
-        self._old_handlers = {}
+        self._signals.install()
 
     # -- Keras hooks ---------------------------------------------------------
     def set_model(self, model):
@@ -438,7 +424,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             raise ValueError(
                 "PreemptionCheckpoint resumes through its own fit: call "
                 "ckpt.fit(model, x, y, ...) instead of model.fit(..., callbacks=[ckpt])")
-        self._requested = False
+        self._signals.clear()
         self._saved.clear()
         self._steps_since_check = 0
         self._interval = 1 if self.check_interval == "auto" else self.check_interval
@@ -448,7 +434,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._install_handlers()
 
     def on_train_end(self, logs=None):
-        self._remove_handlers()
+        self._signals.remove()
         if self._timer is not None and not self.preempted:
             self._timer.cancel()  # training ended before the workers agreed to stop
         self._timer = None
@@ -483,27 +469,22 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             # else: the epoch's last step; on_epoch_end saves after the epoch-end callbacks
 
     def _agree(self):
-        """The one collective per check: every rank's signal time (0: none),
-        so all ranks learn at the same step which ranks were signalled, and
-        when; with ``check_interval="auto"`` also the step and agreement
-        times, from which every rank computes the same next interval."""
-        size = _hvd.size()
-        values = np.zeros(size + 2)
-        if self._requested:
-            values[_hvd.rank()] = self._signal_time * size
-        values[size] = float(np.median(self._step_seconds)) if self._step_seconds else 0.0
-        values[size + 1] = min(self._check_seconds, default=0.0)
+        """The one collective per check (:meth:`SignalAgreement.agree`): which
+        ranks were signalled, and when; with ``check_interval="auto"`` also
+        the step and agreement times, from which every rank computes the
+        same next interval."""
+        extra = [float(np.median(self._step_seconds)) if self._step_seconds else 0.0,
+                 min(self._check_seconds, default=0.0)]
         start = time.perf_counter()
-        values = _hvd.host_allreduce_mean(values, "keras_adapt_preempt")
+        signalled, (step_s, check_s) = self._signals.agree(extra)
         self._check_seconds.append(time.perf_counter() - start)
         self._step_seconds = []
-        self._signalled = {r: float(t) for r, t in enumerate(values[:size]) if t > 0.0}
-        if self.check_interval == "auto" and values[size] > 0.0:
+        if self.check_interval == "auto" and step_s > 0.0:
             # At most twice the last interval: one slow early agreement (a
             # rank still tracing) must not space the next ones by seconds.
             self._interval = min(2 * self._interval, auto_check_interval(
-                values[size + 1], values[size], self.deadline_s))
-        return bool(self._signalled)
+                check_s, step_s, self.deadline_s))
+        return bool(signalled)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.preempted:
@@ -524,8 +505,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         0), then waits until every rank is there: no rank exits (which makes
         horovodrun end the job) before both are on disk."""
         path = self._save(epoch, step_in_epoch)
-        ranks = sorted(self._signalled)
-        since = time.time() - min(self._signalled.values())
+        signalled = self._signals.signalled
+        ranks = sorted(signalled)
+        first = min(t for _, t in signalled.values())
+        since = time.time() - first
         self._record("preemption", f"signal on rank {', '.join(map(str, ranks))}: all ranks "
                      f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
@@ -534,4 +517,4 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                       "exit_code": self.exit_code})
         _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
         self._saved.set()
-        self.signal_to_disk_s = time.time() - min(self._signalled.values())
+        self.signal_to_disk_s = time.time() - first

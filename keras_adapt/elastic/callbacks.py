@@ -65,6 +65,9 @@ class CommitStateCallback(keras.callbacks.Callback):
         commits: commits made so far.
         commit_seconds: the time they took in all (their cost to training).
         interval: the steps between commits now.
+        measured: ``(commit_seconds, step_seconds)``, the workers' mean of
+            their median commit and step times from which "auto" chose
+            ``interval`` in the last ``fit`` (None before it chose).
 
     Example:
 
@@ -90,6 +93,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.interval = AUTO_FIRST_INTERVAL if k == "auto" else k
         self.commits = 0
         self.commit_seconds = 0.0
+        self.measured = None
         self._since = 0
         self._due = False
         self._commit_times = []
@@ -120,7 +124,8 @@ class CommitStateCallback(keras.callbacks.Callback):
         commit_s, step_s = _hvd.host_allreduce_mean(
             [np.median(self._commit_times), np.median(self._step_times or [0.0])],
             name="keras_adapt_commit_interval")
-        self.interval = auto_interval(float(commit_s), float(step_s))
+        self.measured = (float(commit_s), float(step_s))
+        self.interval = auto_interval(*self.measured)
         self._commit_times = None  # chosen for this fit
 
     def on_train_begin(self, logs=None):
@@ -131,6 +136,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._step_start = None
         if self.batches_per_commit == "auto":
             self.interval = AUTO_FIRST_INTERVAL
+            self.measured = None
             self._commit_times, self._step_times = [], []
 
     def on_train_batch_begin(self, batch, logs=None):

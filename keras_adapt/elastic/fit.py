@@ -5,6 +5,7 @@ from keras_adapt.elastic.callbacks import (
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
 )
+from keras_adapt.elastic.leave_on_signal import LeaveOnSignalCallback
 
 
 def _positive(name, value):
@@ -22,7 +23,10 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     No step and no epoch runs twice after a change of workers: ``fit`` gets
     ``initial_epoch=state.epoch`` and the steps left, and the elastic
     callbacks (added when missing, with the default commit interval) keep
-    the position.
+    the position. A :class:`~keras_adapt.elastic.LeaveOnSignalCallback` is
+    added too when none is given: a worker sent SIGTERM or SIGINT (a
+    preempted machine) leaves at an agreed step and the others go on
+    without rollback.
 
     Args:
         state: the :class:`~keras_adapt.elastic.KerasState`.
@@ -67,16 +71,25 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     # The data starts at the committed position: shuffling it would lose that.
     kwargs.setdefault("shuffle", False)
     callbacks = list(callbacks)
-    for cls in (UpdateBatchStateCallback, UpdateEpochStateCallback, CommitStateCallback):
+    for cls in (UpdateBatchStateCallback, UpdateEpochStateCallback, CommitStateCallback,
+                LeaveOnSignalCallback):
         if not any(isinstance(c, cls) for c in callbacks):
             callbacks.append(cls(state))
     histories = []
-    if state.batch > 0 and state.epoch < epochs:
-        histories.append(state.model.fit(
-            data(state.epoch, state.batch), initial_epoch=state.epoch, epochs=state.epoch + 1,
-            steps_per_epoch=steps_per_epoch - state.batch, callbacks=callbacks, **kwargs))
-    if state.epoch < epochs:
-        histories.append(state.model.fit(
-            data(state.epoch, 0), initial_epoch=state.epoch, epochs=epochs,
-            steps_per_epoch=steps_per_epoch, callbacks=callbacks, **kwargs))
+    try:
+        if state.batch > 0 and state.epoch < epochs:
+            histories.append(state.model.fit(
+                data(state.epoch, state.batch), initial_epoch=state.epoch,
+                epochs=state.epoch + 1, steps_per_epoch=steps_per_epoch - state.batch,
+                callbacks=callbacks, **kwargs))
+        if state.epoch < epochs:
+            histories.append(state.model.fit(
+                data(state.epoch, 0), initial_epoch=state.epoch, epochs=epochs,
+                steps_per_epoch=steps_per_epoch, callbacks=callbacks, **kwargs))
+    finally:
+        # A fit left by an exception (a reset) never calls on_train_end:
+        # the signal handlers must not outlive it.
+        for c in callbacks:
+            if isinstance(c, LeaveOnSignalCallback):
+                c.agreement.remove()
     return histories

@@ -12,12 +12,17 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
   {"step": i, "do": "hosts", "hosts": "localhost:1\\n"}            rank 0 rewrites the
       discovery file after global step i (``"when_workers": n``: only once n workers run)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
+  {"step": i, "do": "term", "rank": r}       rank r sends itself SIGTERM after step i
+      (a preempted machine: it leaves gracefully, LeaveOnSignalCallback);
+      ``"signal": "SIGINT"`` sends that one instead
 
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
 discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
 
-Each process that finishes writes <out>/final_<pid>.json.
+Each process appends every step it runs to <out>/steps_<pid>.jsonl (a worker
+that leaves on a signal ends at once), and one that finishes writes
+<out>/final_<pid>.json.
 """
 
 import argparse
@@ -112,6 +117,8 @@ class Recorder(keras.callbacks.Callback):
         self.steps.append({"id": step_id, "workers": keras_adapt.size(), "rank": keras_adapt.rank(),
                            "batch_size": s.batch_size, "lr": s.lr, "time": time.time(),
                            "iterations": int(self.model.optimizer.iterations.numpy())})
+        with open(os.path.join(args.out, f"steps_{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(self.steps[-1]) + "\n")
         for i, action in enumerate(ACTIONS):
             marker = os.path.join(args.out, f"action{i}.done")
             if step_id < action["step"] or os.path.exists(marker):
@@ -127,6 +134,9 @@ class Recorder(keras.callbacks.Callback):
             elif action["do"] == "kill" and keras_adapt.rank() == action["rank"]:
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif action["do"] == "term" and keras_adapt.rank() == action["rank"]:
+                open(marker, "w").close()
+                os.kill(os.getpid(), getattr(signal, action.get("signal", "SIGTERM")))
         time.sleep(args.sleep)
 
 
@@ -153,6 +163,17 @@ callbacks = [commit, elastic.UpdateBatchStateCallback(state),
 if args.request_workers is not None:
     callbacks.append(RequestAt(state, args.request_at, args.request_workers))
 syncs = []
+restores = []
+_restore = state.restore
+
+
+def counted_restore():
+    """Counts the rollbacks to the last commit (a failure; never a graceful leave)."""
+    restores.append(time.time())
+    _restore()
+
+
+state.restore = counted_restore
 
 
 def data(epoch, batch):
@@ -170,7 +191,6 @@ def train(state):
     return elastic.fit(state, data, epochs=args.epochs, steps_per_epoch=args.steps,
                        callbacks=callbacks, verbose=0)
 
-
 train(state)
 stats = model.optimizer.gradient_statistics.result()
 out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.rank(),
@@ -180,8 +200,10 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "optimizer": [np.asarray(v).tolist() for v in
                      keras_adapt.optimizer.optimizer_variables(model.optimizer)],
        "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
+       "restores": len(restores),
        "commits": commit.commits, "commit_seconds": commit.commit_seconds,
-       "commit_interval": commit.interval, "lr": state.lr, "batch_size": state.batch_size,
+       "commit_interval": commit.interval, "commit_measured": commit.measured,
+       "lr": state.lr, "batch_size": state.batch_size,
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
 with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
     json.dump(out, f)

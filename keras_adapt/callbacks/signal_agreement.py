@@ -1,0 +1,126 @@
+"""SignalAgreement: a signal only sets a flag; one tiny allreduce tells every rank who got one."""
+
+import signal
+import threading
+import time
+
+import numpy as np
+
+from keras_adapt import _hvd
+
+#: The signals a preempted machine (SIGTERM) or a user (SIGINT, Ctrl-C) sends.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class SignalAgreement:
+    """This process's signal flag, and the one collective by which all
+    ranks learn, at the same step, which ranks were signalled and when.
+
+    The handler (installed by :meth:`install`, on the main thread) only
+    records the first signal: its name and time, then calls ``on_signal``
+    if given. :meth:`agree`, called by every rank at the same point, is one
+    host allreduce of ``2 x workers`` numbers (each rank's signal time and
+    signal number, 0 when none) plus any ``extra`` numbers the caller wants
+    averaged in the same collective. Used by
+    :class:`~keras_adapt.callbacks.PreemptionCheckpoint` (every rank stops)
+    and :class:`~keras_adapt.elastic.LeaveOnSignalCallback` (the signalled
+    ranks leave an elastic job).
+
+    Args:
+        name: the allreduce's name (one per user, so two never mix).
+        signals: the signals handled.
+        on_signal: called as ``on_signal()`` after the first signal is
+            recorded (in the handler: keep it short), or None.
+
+    Attributes:
+        requested: whether this process got a signal.
+        signal: the name of the first one (``"SIGTERM"``), or None.
+        signal_time: its ``time.time()``, or None.
+        signalled: after :meth:`agree`, ``{rank: (signal name, time)}`` of
+            every signalled rank.
+
+    Example:
+
+    >>> import os, signal
+    >>> from keras_adapt.callbacks import SignalAgreement
+    >>> agreement = SignalAgreement("demo_signals", signals=(signal.SIGUSR1,))
+    >>> agreement.install()
+    >>> os.kill(os.getpid(), signal.SIGUSR1)
+    >>> agreement.requested, agreement.signal
+    (True, 'SIGUSR1')
+    >>> signalled, extra = agreement.agree([2.5])
+    >>> sorted(signalled), signalled[0][0], float(extra[0])
+    ([0], 'SIGUSR1', 2.5)
+    >>> agreement.remove()
+    """
+
+    def __init__(self, name, signals=SIGNALS, on_signal=None):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name={name!r} is not valid; use a non-empty string naming the "
+                             "allreduce")
+        signals = tuple(signals)
+        if not signals or not all(isinstance(s, int) and not isinstance(s, bool)
+                                  for s in signals):
+            raise ValueError(f"signals={signals!r} is not valid; use signal numbers such as "
+                             "(signal.SIGTERM, signal.SIGINT)")
+        if on_signal is not None and not callable(on_signal):
+            raise TypeError(f"on_signal must be callable or None, got {on_signal!r}")
+        self.name = name
+        self.signals = tuple(signal.Signals(s) for s in signals)
+        self.on_signal = on_signal
+        self.requested = False
+        self.signal = None
+        self.signal_time = None
+        self.signalled = {}
+        self._old_handlers = {}
+
+    def clear(self):
+        """Forgets a signal recorded before (a new run starts)."""
+        self.requested, self.signal, self.signal_time = False, None, None
+        self.signalled = {}
+
+    def install(self):
+        """Installs the handlers (on the main thread; again: no effect)."""
+        if self._old_handlers:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("signal handlers can only be set on the main thread: run fit "
+                               "there")
+        for sig in self.signals:
+            self._old_handlers[sig] = signal.signal(sig, self._handle)
+
+    def remove(self):
+        """Puts the previous handlers back."""
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers = {}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            return
+        self.requested = True
+        self.signal = signal.Signals(signum).name
+        self.signal_time = time.time()
+        if self.on_signal is not None:
+            self.on_signal()
+
+    def agree(self, extra=()):
+        """The collective: every rank must call it at the same point.
+
+        Returns ``(signalled, extra_mean)``: ``{rank: (signal name, signal
+        time)}`` of the ranks that got a signal (the same on every rank),
+        and the mean over the ranks of ``extra`` (a numpy array).
+        """
+        size, rank = _hvd.size(), _hvd.rank()
+        extra = np.asarray(extra, dtype=np.float64).reshape(-1)
+        values = np.zeros(2 * size + extra.size)
+        if self.requested:
+            # The mean of values that are 0 on every other rank: times size.
+            values[rank] = self.signal_time * size
+            values[size + rank] = float(signal.Signals[self.signal].value) * size
+        values[2 * size:] = extra
+        values = _hvd.host_allreduce_mean(values, self.name)
+        self.signalled = {r: (signal.Signals(int(round(values[size + r]))).name,
+                              float(values[r]))
+                          for r in range(size) if values[r] > 0.0}
+        return self.signalled, values[2 * size:]

@@ -1,0 +1,214 @@
+"""``LeaveOnSignalCallback``: a signalled worker leaves; the others go on without rollback."""
+
+import collections
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+
+try:
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+    import horovod.tensorflow as _hvd_tf
+except ImportError as exc:  # pragma: no cover - both stacks have Horovod
+    raise ImportError(
+        "keras_adapt.elastic needs Horovod (horovod==0.28.1 with Gloo); see docs/install.md"
+    ) from exc
+
+from keras_adapt import _hvd, events
+from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE, auto_check_interval
+from keras_adapt.callbacks.signal_agreement import SIGNALS, SignalAgreement
+from keras_adapt.optimizer import UpdateBoundary
+
+
+class LeaveOnSignalCallback(keras.callbacks.Callback):
+    """On SIGTERM or SIGINT, the signalled workers of an elastic job leave
+    at an agreed step and the others continue from exactly that step: no
+    rollback, no step lost and none run twice.
+
+    The signal handler only sets a flag. Every ``check_interval`` optimizer
+    updates, at the end of the step, the workers agree on which ranks were
+    signalled (one host allreduce of a few numbers,
+    :class:`~keras_adapt.callbacks.SignalAgreement`). Once one was, at the
+    start of the next step (or epoch, or at the end of ``fit``), when the
+    elastic callbacks have recorded the position, every rank commits the
+    state (``state.commit()``) and the lowest-ranked survivor writes a
+    ``preemption`` event naming the signalled ranks and signals. Then the
+    signalled processes shut Horovod down and exit with ``exit_code``
+    (non-zero: Horovod's elastic driver records a failure and removes
+    their host; an exit code of 0 would end the whole job), and the others
+    leave ``fit`` with Horovod's ``HostsUpdatedInterrupt``, so
+    :func:`~keras_adapt.elastic.run` re-forms the job without them and
+    without restoring anything; the :class:`~keras_adapt.elastic.ResizeRule`
+    applies and the first step after records the ``resize`` event with its
+    pause. If every rank was signalled (the whole job is stopping), all
+    exit with ``exit_code`` after the commit; keep a disk checkpoint for
+    that case (:class:`~keras_adapt.callbacks.PreemptionCheckpoint`, see
+    docs/preemption.md).
+
+    Horovod removes the whole host of a worker that fails: give a
+    preemptible machine's slots to one worker each, or all of them leave.
+    :func:`keras_adapt.elastic.fit` adds this callback (SIGTERM and SIGINT)
+    when none is given. A signal that comes while no ``fit`` runs (during
+    a reset) ends the process as usual, and the others roll back to the
+    last commit, as after a failure.
+
+    Args:
+        state: the :class:`~keras_adapt.elastic.KerasState`.
+        check_interval: optimizer updates between agreements: an int, or
+            ``"auto"`` (the default): the fewest that keep the agreements
+            under 1% of the step time, capped so that they are at most a
+            quarter of ``deadline_s`` apart
+            (:func:`~keras_adapt.callbacks.preemption_checkpoint.auto_check_interval`,
+            from the workers' averaged measurements: the same on every rank).
+        deadline_s: the platform's grace period after SIGTERM (30 s on most
+            clouds and Kubernetes); only bounds the ``"auto"`` interval.
+        exit_code: the leaving process's exit code (default 75,
+            ``EX_TEMPFAIL``; 1 to 255).
+        signals: the signals that make a worker leave.
+        log_dir: directory of ``adapt_events.jsonl`` (default: the state's).
+
+    Attributes:
+        leaving: after the agreement, ``{rank: (signal name, signal time)}``
+            of the ranks that leave (empty before).
+        events: the events this process recorded.
+
+    Example:
+
+    >>> import keras, keras_adapt
+    >>> from keras_adapt import elastic
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+    >>> cb = elastic.LeaveOnSignalCallback(elastic.KerasState(model))
+    >>> cb.check_interval, cb.exit_code, cb.leaving
+    ('auto', 75, {})
+    """
+
+    def __init__(self, state, check_interval="auto", deadline_s=25.0, exit_code=EXIT_CODE,
+                 signals=SIGNALS, log_dir=None):
+        super().__init__()
+        if not hasattr(state, "commit"):
+            raise TypeError(f"state must be an elastic state (KerasState), got {state!r}")
+        if check_interval != "auto" and (isinstance(check_interval, bool) or not isinstance(
+                check_interval, int) or check_interval < 1):
+            raise ValueError(f"check_interval={check_interval!r} is not valid; use a positive "
+                             "int or 'auto' (the default)")
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not (
+                deadline_s > 0):
+            raise ValueError(f"deadline_s={deadline_s!r} is not valid; use a number of seconds "
+                             "> 0 (the grace period after SIGTERM, e.g. 25)")
+        if isinstance(exit_code, bool) or not isinstance(exit_code, int) or not (
+                1 <= exit_code <= 255):
+            raise ValueError(f"exit_code={exit_code!r} is not valid; use an int in [1, 255] "
+                             f"(default {EXIT_CODE}): with 0 Horovod ends the whole job")
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
+        self.state = state
+        self.check_interval = check_interval
+        self.deadline_s = float(deadline_s)
+        self.exit_code = exit_code
+        self.log_dir = os.fspath(log_dir) if log_dir is not None else getattr(
+            state, "log_dir", None)
+        self.agreement = SignalAgreement("keras_adapt_leave", signals)
+        self.leaving = {}
+        self.events = []
+        self._interval = 1
+        self._agreed_interval = 1  # updates between the last two agreements
+        self._since = 0
+        self._boundary = None
+        self._last_end = None
+        self._step_seconds = []
+        # This rank's time in its last agreements: their minimum is the cost.
+        self._check_seconds = collections.deque(maxlen=8)
+
+    # -- Keras hooks -------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        # A signal recorded in the previous fit of the same run still counts.
+        self._boundary = UpdateBoundary(self.model.optimizer)
+        self._since = 0
+        self._interval = 1 if self.check_interval == "auto" else self.check_interval
+        self._last_end = None
+        self._step_seconds = []
+        self.agreement.install()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self._step_seconds.append(now - self._last_end)
+        self._last_end = now
+        if self.leaving or not self._boundary.step_ended():
+            return
+        self._since += 1
+        if self._since < self._interval:
+            return
+        self._agreed_interval = self._interval
+        self._since = 0
+        self._agree()
+        self._last_end = time.perf_counter()  # the agreement is not step time
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._leave_if_agreed()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._leave_if_agreed()
+
+    def on_train_end(self, logs=None):
+        try:
+            self._leave_if_agreed()
+        finally:
+            self.agreement.remove()
+
+    # -- the agreement and the leave ---------------------------------------
+    def _agree(self):
+        extra = [float(np.median(self._step_seconds)) if self._step_seconds else 0.0,
+                 min(self._check_seconds, default=0.0)]
+        start = time.perf_counter()
+        signalled, (step_s, check_s) = self.agreement.agree(extra)
+        self._check_seconds.append(time.perf_counter() - start)
+        self._step_seconds = []
+        if self.check_interval == "auto" and step_s > 0.0:
+            self._interval = min(2 * self._interval,
+                                 auto_check_interval(check_s, step_s, self.deadline_s))
+        self.leaving = dict(signalled)
+
+    def _leave_if_agreed(self):
+        if not self.leaving:
+            return
+        size, rank = _hvd.size(), _hvd.rank()
+        leavers = sorted(self.leaving)
+        stay = [r for r in range(size) if r not in self.leaving]
+        try:
+            self.state.commit()
+        except HostsUpdatedInterrupt:
+            pass  # hosts changed too: the job re-forms below anyway
+        first = min(t for _, t in self.leaving.values())
+        names = ", ".join(f"{self.leaving[r][0]} on rank {r}" for r in leavers)
+        where = f"epoch {self.state.epoch} step {self.state.batch}"
+        reason = (f"{names}: leaves at {where}; {len(stay)} of {size} workers go on without "
+                  "rollback" if stay else f"{names}: every worker stops at {where}")
+        event = events.emit(
+            "preemption", step=int(self.model.optimizer.iterations.numpy()),
+            epoch=int(self.state.epoch), policy=type(self).__name__, reason=reason,
+            before={"workers": size},
+            after={"workers": len(stay), "signalled_ranks": leavers,
+                   "signals": [self.leaving[r][0] for r in leavers],
+                   "epoch": int(self.state.epoch), "step_in_epoch": int(self.state.batch),
+                   "signal_to_leave_s": time.time() - first,
+                   "check_interval": self._agreed_interval,
+                   "exit_code": self.exit_code},
+            log_dir=self.log_dir, write=rank == (stay[0] if stay else 0))
+        self.events.append(event)
+        self.agreement.remove()
+        if rank in self.leaving or not stay:
+            # os._exit: a normal interpreter exit (TensorFlow's teardown) held
+            # the others 3-5 s longer; the driver re-forms the job only once
+            # this process has ended. The events are on disk already.
+            _hvd_tf.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.exit_code)
+        self.leaving = {}
+        self.agreement.clear()
+        # Leaves fit; the elastic run re-forms the job and syncs, no restore.
+        raise HostsUpdatedInterrupt(False)
