@@ -5,9 +5,10 @@ tab's charts for every run under LOGDIR without TensorBoard.
 ``keras-adapt plan LOGDIR --samples S`` predicts, from a run's step times and
 noise scale, the time and cost of training S samples at each worker count and
 batch size (:mod:`keras_adapt.plan`).
-``keras-adapt discover --hosts-file F --target-file T`` prints ``host:slots``
-lines for ``horovodrun --host-discovery-script``, capped by the target worker
-count a resize policy writes (:mod:`keras_adapt.discover`).
+``keras-adapt discover --hosts-file F --target-file T --exclude-file X`` prints
+``host:slots`` lines for ``horovodrun --host-discovery-script``: the hosts
+not excluded (``StragglerPolicy(action="exclude")`` writes X), capped by the
+target worker count a resize policy writes (:mod:`keras_adapt.discover`).
 
 Example:
 
@@ -83,11 +84,13 @@ def _parser():
         "discover",
         help="print host:slots lines for horovodrun --host-discovery-script",
         description="Prints one host:slots line per host, from a hosts file or a fixed list, "
-        "with the total slots capped by the target worker count in the target file (written "
-        "by keras-adapt's resize policies; 0 or no file: no cap). On missing or malformed "
-        "input it prints the error on stderr and the last good answer, and exits 0. "
-        "Without options it reads KERAS_ADAPT_HOSTS_FILE (or KERAS_ADAPT_HOSTS) and "
-        "KERAS_ADAPT_TARGET_FILE from the environment.",
+        "leaving out the hosts named in the exclusion file (written by StragglerPolicy("
+        "action='exclude'); remove a line to bring a host back), with the total slots capped "
+        "by the target worker count in the target file (written by keras-adapt's resize "
+        "policies; 0 or no file: no cap). On missing or malformed input it prints the error "
+        "on stderr and the last good answer, and exits 0. Without options it reads "
+        "KERAS_ADAPT_HOSTS_FILE (or KERAS_ADAPT_HOSTS), KERAS_ADAPT_TARGET_FILE and "
+        "KERAS_ADAPT_EXCLUDE_FILE from the environment.",
     )
     disc.add_argument("--hosts-file", metavar="F",
                       help="file with one host[:slots] per line (# comments allowed); "
@@ -98,6 +101,9 @@ def _parser():
     disc.add_argument("--target-file", metavar="T",
                       help="file holding the target worker count; default "
                       "$KERAS_ADAPT_TARGET_FILE")
+    disc.add_argument("--exclude-file", metavar="X",
+                      help="file with one host name per line to leave out (# comments "
+                      "allowed); default $KERAS_ADAPT_EXCLUDE_FILE")
     return parser
 
 
@@ -151,11 +157,13 @@ def _discover(args):
         hosts_file = env.get(discover.ENV_HOSTS_FILE) or None
         hosts = None if hosts_file else env.get(discover.ENV_HOSTS) or None
     target_file = args.target_file or env.get(discover.ENV_TARGET_FILE) or None
+    exclude_file = args.exclude_file or env.get(discover.ENV_EXCLUDE_FILE) or None
     try:
-        answer = discover.discover(hosts_file=hosts_file, hosts=hosts, target_file=target_file)
+        answer = discover.discover(hosts_file=hosts_file, hosts=hosts, target_file=target_file,
+                                   exclude_file=exclude_file)
     except (ValueError, OSError) as exc:
         print(f"keras-adapt discover: {exc}", file=sys.stderr)
-        path = discover.last_good_path(hosts_file, target_file)
+        path = discover.last_good_path(hosts_file, target_file, exclude_file)
         last = discover.read_last_good(path)
         if last is None:
             # Nothing to fall back on: at start-up Horovod stops the job, which

@@ -12,6 +12,13 @@ configuration operator of KungFu, on Horovod: a job asks for more or fewer
 workers by writing a number, and Horovod's elastic driver starts or stops
 workers to match.
 
+A third, optional input is the *exclusion file*: one host name per line
+(``#`` comments and blank lines allowed) that is left out of the answer
+before the cap, whatever the hosts file says. ``StragglerPolicy(...,
+action="exclude")`` adds the host of a persistently slow worker to it
+(:func:`exclude_host`), so Horovod stops the workers there. A host stays
+excluded until someone removes its line (or the file).
+
 Files are replaced atomically (:func:`write_atomic`: a temporary file in the
 same directory, then ``os.replace``), so a reader sees the old content or the
 new, never a part. Each answer is also cached next to the target file (or
@@ -32,6 +39,11 @@ Example:
 >>> print(discover.discover(hosts_file=hosts, target_file=target))
 node-a:2
 node-b:1
+>>> excluded = os.path.join(d, "excluded")
+>>> discover.exclude_host(excluded, "node-a")
+True
+>>> print(discover.discover(hosts_file=hosts, target_file=target, exclude_file=excluded))
+node-b:2
 """
 
 import os
@@ -40,9 +52,10 @@ import tempfile
 import warnings
 
 __all__ = [
-    "ENV_HOSTS", "ENV_HOSTS_FILE", "ENV_TARGET_FILE", "LAST_SUFFIX", "cap_hosts", "discover",
-    "format_hosts", "last_good_path", "parse_hosts", "read_last_good", "read_target",
-    "write_atomic", "write_target",
+    "ENV_EXCLUDE_FILE", "ENV_HOSTS", "ENV_HOSTS_FILE", "ENV_TARGET_FILE", "LAST_SUFFIX",
+    "cap_hosts", "discover", "exclude_host", "format_hosts", "last_good_path", "parse_excluded",
+    "parse_hosts", "read_excluded", "read_last_good", "read_target", "write_atomic",
+    "write_target",
 ]
 
 #: Environment variable naming the hosts file (``keras-adapt discover`` without options).
@@ -52,6 +65,9 @@ ENV_HOSTS = "KERAS_ADAPT_HOSTS"
 #: Environment variable naming the target worker count file (read by
 #: ``keras-adapt discover``, written by the resize policies).
 ENV_TARGET_FILE = "KERAS_ADAPT_TARGET_FILE"
+#: Environment variable naming the exclusion file (hosts left out; read by
+#: ``keras-adapt discover``, written by ``StragglerPolicy(action="exclude")``).
+ENV_EXCLUDE_FILE = "KERAS_ADAPT_EXCLUDE_FILE"
 #: Suffix of the file caching the last good answer.
 LAST_SUFFIX = ".last"
 
@@ -186,6 +202,91 @@ def parse_hosts(text, source="hosts"):
     return hosts
 
 
+def parse_excluded(text, source="exclusion file"):
+    """The host names of an exclusion file's text, in order, each once.
+
+    One host name per line (as in the hosts file, without ``:slots``);
+    ``#`` starts a comment; blank lines are skipped; a host listed twice
+    counts once. Anything else raises ``ValueError`` naming ``source``, the
+    line and the fix.
+
+    Example:
+
+    >>> from keras_adapt.discover import parse_excluded
+    >>> parse_excluded("# slow since 09:12\\nnode-b\\n\\n10.0.0.7  # flagged twice\\nnode-b\\n")
+    ['node-b', '10.0.0.7']
+    """
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        if not _HOST.match(entry):
+            raise ValueError(
+                f"{source} line {number}: {entry!r} is not a host name; write one host per "
+                "line, as the hosts file names it and without :slots, e.g. node-2")
+        if entry not in hosts:
+            hosts.append(entry)
+    return hosts
+
+
+def read_excluded(path):
+    """The hosts excluded by the file ``path`` (a list; empty without a file).
+
+    No file (or ``path`` None) excludes nothing. A malformed file raises
+    ``ValueError`` (:func:`parse_excluded`).
+
+    Example:
+
+    >>> from keras_adapt.discover import read_excluded
+    >>> read_excluded("/nonexistent/excluded")
+    []
+    """
+    if path is None:
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    except UnicodeDecodeError:
+        raise ValueError(f"exclusion file {path} is not text; write one host name per line, "
+                         "e.g. node-2") from None
+    return parse_excluded(text, source=f"exclusion file {path}")
+
+
+def exclude_host(path, host):
+    """Adds ``host`` to the exclusion file ``path`` atomically; False when it
+    was already there (nothing written).
+
+    The file keeps its lines (comments included); the host is appended.
+    Raises ``ValueError`` for a name that is not a host name, or when the
+    file is malformed (its content is then left alone).
+
+    Example:
+
+    >>> import os, tempfile
+    >>> from keras_adapt.discover import exclude_host, read_excluded
+    >>> path = os.path.join(tempfile.mkdtemp(), "excluded")
+    >>> exclude_host(path, "node-b"), exclude_host(path, "node-b"), read_excluded(path)
+    (True, False, ['node-b'])
+    """
+    if not isinstance(host, str) or not _HOST.match(host):
+        raise ValueError(f"host={host!r} is not a host name; pass a name as the hosts file "
+                         "lists it, e.g. 'node-2'")
+    if host in read_excluded(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    write_atomic(path, f"{text}{host}\n")
+    return True
+
+
 def cap_hosts(hosts, target):
     """The hosts with their slots trimmed from the end to total ``target``.
 
@@ -222,9 +323,10 @@ def format_hosts(hosts):
     return "\n".join(f"{host}:{slots}" for host, slots in hosts)
 
 
-def last_good_path(hosts_file=None, target_file=None):
+def last_good_path(hosts_file=None, target_file=None, exclude_file=None):
     """Where the last good answer is cached: next to the target file, else
-    next to the hosts file, else None (a fixed list without a target cannot fail).
+    next to the hosts file, else next to the exclusion file, else None (a
+    fixed list alone cannot fail).
 
     Example:
 
@@ -232,7 +334,7 @@ def last_good_path(hosts_file=None, target_file=None):
     >>> last_good_path("/etc/job/hosts", "/run/job/target")
     '/run/job/target.last'
     """
-    base = target_file or hosts_file
+    base = target_file or hosts_file or exclude_file
     return None if base is None else base + LAST_SUFFIX
 
 
@@ -256,8 +358,8 @@ def read_last_good(path):
         return None
 
 
-def discover(hosts_file=None, hosts=None, target_file=None, cache=True):
-    """The ``host:slots`` lines for Horovod: the hosts, capped by the target.
+def discover(hosts_file=None, hosts=None, target_file=None, cache=True, exclude_file=None):
+    """The ``host:slots`` lines for Horovod: the hosts not excluded, capped by the target.
 
     Args:
         hosts_file: a file with one ``host[:slots]`` per line.
@@ -265,10 +367,14 @@ def discover(hosts_file=None, hosts=None, target_file=None, cache=True):
             ``[(host, slots), ...]``.
         target_file: the file holding the target worker count (optional).
         cache: write the answer to :func:`last_good_path` when it changed.
+        exclude_file: the exclusion file (optional): its hosts are left out
+            before the cap (:func:`read_excluded`); names not in the hosts
+            are ignored.
 
-    Raises ``ValueError`` (bad hosts, bad target, neither or both of
-    ``hosts_file`` and ``hosts``) and ``OSError`` (an unreadable hosts
-    file), each naming the bad value and the fix.
+    Raises ``ValueError`` (bad hosts, bad target, a bad exclusion file, every
+    host excluded, neither or both of ``hosts_file`` and ``hosts``) and
+    ``OSError`` (an unreadable hosts file), each naming the bad value and
+    the fix.
 
     Example:
 
@@ -294,8 +400,15 @@ def discover(hosts_file=None, hosts=None, target_file=None, cache=True):
         parsed = parse_hosts(hosts, source=f"host list {hosts!r}")
     else:
         parsed = parse_hosts(",".join(f"{h}:{s}" for h, s in hosts), source="host list")
-    answer = format_hosts(cap_hosts(parsed, read_target(target_file)))
-    path = last_good_path(hosts_file, target_file)
+    excluded = read_excluded(exclude_file)
+    kept = [(host, slots) for host, slots in parsed if host not in excluded]
+    if not kept:
+        raise ValueError(
+            f"exclusion file {exclude_file} excludes every host ({', '.join(excluded)}); "
+            "remove a line from it to bring a host back (keras-adapt's StragglerPolicy never "
+            "excludes the last host)")
+    answer = format_hosts(cap_hosts(kept, read_target(target_file)))
+    path = last_good_path(hosts_file, target_file, exclude_file)
     if cache and path is not None and read_last_good(path) != answer:
         try:
             write_atomic(path, answer + "\n")

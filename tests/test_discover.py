@@ -109,6 +109,63 @@ def test_answer_is_cached_next_to_the_target_only_when_it_changes(files):
     assert open(hosts + discover.LAST_SUFFIX).read() == "node-a:2\nnode-b:2\n"
 
 
+# -- the exclusion file ------------------------------------------------------
+
+def test_excluded_hosts_are_left_out_before_the_cap(files, tmp_path):
+    hosts, target_file = files
+    exclude = str(tmp_path / "excluded")
+    three = "node-a:2,node-b:2,node-c:1"
+    assert discover.discover(hosts=three, exclude_file=exclude) == "node-a:2\nnode-b:2\nnode-c:1"
+    open(exclude, "w").write("# slow\nnode-b\nnode-z   # not in the hosts: ignored\n")
+    assert discover.discover(hosts=three, exclude_file=exclude) == "node-a:2\nnode-c:1"
+    # The cap counts the hosts left: a spare host takes the excluded one's place.
+    discover.write_target(target_file, 3)
+    assert discover.discover(hosts=three, target_file=target_file,
+                             exclude_file=exclude) == "node-a:2\nnode-c:1"
+    discover.write_target(target_file, 2)
+    assert discover.discover(hosts_file=hosts, target_file=target_file,
+                             exclude_file=exclude) == "node-a:2"
+    open(exclude, "w").write("node-a\n")
+    assert discover.discover(hosts_file=hosts, target_file=target_file,
+                             exclude_file=exclude) == "node-b:2"
+    # Every host excluded: an error naming the file and how to bring one back.
+    open(exclude, "w").write("node-a\nnode-b\n")
+    with pytest.raises(ValueError, match="excludes every host") as info:
+        discover.discover(hosts_file=hosts, exclude_file=exclude)
+    assert exclude in str(info.value) and "remove a line" in str(info.value)
+
+
+def test_exclusion_file_syntax():
+    text = "# excluded by StragglerPolicy\n\nnode-b\n  10.0.0.7   # slow\nnode-b\n"
+    assert discover.parse_excluded(text) == ["node-b", "10.0.0.7"]
+    assert discover.parse_excluded("") == []
+    for text, line in (("node-a\nnode-b:2\n", 2), ("a b\n", 1), ("ok\n\nx,y\n", 3)):
+        with pytest.raises(ValueError) as info:
+            discover.parse_excluded(text, source="exclusion file F")
+        assert f"exclusion file F line {line}" in str(info.value)
+        assert "one host per line" in str(info.value) and "e.g. node-2" in str(info.value)
+
+
+def test_exclude_host_appends_once_and_keeps_the_file(tmp_path):
+    path = str(tmp_path / "excluded")
+    assert discover.read_excluded(path) == []
+    assert discover.exclude_host(path, "node-b") is True
+    assert open(path).read() == "node-b\n"
+    open(path, "w").write("# by hand, no newline at the end\nnode-a")
+    assert discover.exclude_host(path, "node-b") is True
+    assert discover.exclude_host(path, "node-a") is False   # already there: not written
+    assert open(path).read() == "# by hand, no newline at the end\nnode-a\nnode-b\n"
+    assert discover.read_excluded(path) == ["node-a", "node-b"]
+    with pytest.raises(ValueError, match="host='a b' is not a host name"):
+        discover.exclude_host(path, "a b")
+    # A malformed file is left as it is.
+    open(path, "w").write("node-a:1\n")
+    with pytest.raises(ValueError, match="'node-a:1' is not a host name"):
+        discover.exclude_host(path, "node-c")
+    assert open(path).read() == "node-a:1\n"
+    assert sorted(os.listdir(tmp_path)) == ["excluded"]   # no temporary file left
+
+
 # -- the command --------------------------------------------------------------
 
 def test_command_prints_capped_hosts_from_options_and_from_the_environment(files):
@@ -150,6 +207,36 @@ def test_bad_input_prints_error_and_last_good_answer_with_exit_0(files, breakage
     assert "last good answer from " + target_file + ".last" in proc.stderr
     # The fallback does not overwrite the last good answer.
     assert open(target_file + ".last").read() == "node-a:2\nnode-b:1\n"
+
+
+def test_command_reads_the_exclusion_file_and_keeps_the_last_good_answer(files, tmp_path):
+    hosts, target_file = files
+    exclude = str(tmp_path / "excluded")
+    open(exclude, "w").write("node-a\n")
+    proc = _discover("--hosts-file", hosts, "--exclude-file", exclude)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "node-b:2\n", "")
+    discover.write_target(target_file, 1)
+    proc = _discover(KERAS_ADAPT_HOSTS_FILE=hosts, KERAS_ADAPT_TARGET_FILE=target_file,
+                     KERAS_ADAPT_EXCLUDE_FILE=exclude)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "node-b:1\n", "")
+    # Malformed, or excluding every host: the error and the last good answer.
+    for text, message in (("node-a:2\n", "line 1: 'node-a:2' is not a host name"),
+                          ("node-a\nnode-b\n", "excludes every host (node-a, node-b)")):
+        open(exclude, "w").write(text)
+        proc = _discover("--hosts-file", hosts, "--target-file", target_file,
+                         "--exclude-file", exclude)
+        assert (proc.returncode, proc.stdout) == (0, "node-b:1\n")
+        assert message in proc.stderr
+        assert "last good answer from " + target_file + ".last" in proc.stderr
+    # A fixed host list and an exclusion file alone: cached next to the exclusion file.
+    open(exclude, "w").write("h1\n")
+    proc = _discover("--hosts", "h1:1,h2:4", "--exclude-file", exclude)
+    assert (proc.returncode, proc.stdout) == (0, "h2:4\n")
+    assert open(exclude + discover.LAST_SUFFIX).read() == "h2:4\n"
+    open(exclude, "w").write("h1\nh2\n")
+    proc = _discover("--hosts", "h1:1,h2:4", "--exclude-file", exclude)
+    assert (proc.returncode, proc.stdout) == (0, "h2:4\n")
+    assert "excludes every host" in proc.stderr and exclude + ".last" in proc.stderr
 
 
 def test_bad_input_without_a_last_good_answer_fails_loudly(files):
@@ -253,3 +340,10 @@ def test_horovod_reads_the_command_as_its_discovery_script(files, tmp_path):
     open(target_file, "w").write("x\n")
     assert discovery.HostDiscoveryScript(str(script), 1).find_available_hosts_and_slots() == \
         {"node-a": 1}
+    # An excluded host is gone from what Horovod sees.
+    exclude = tmp_path / "excluded"
+    exclude.write_text("node-a\n")
+    discover.write_target(target_file, 0)
+    command += f" --exclude-file {exclude}"
+    assert discovery.HostDiscoveryScript(command, 1).find_available_hosts_and_slots() == \
+        {"node-b": 2}

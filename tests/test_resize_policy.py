@@ -41,6 +41,9 @@ class Scripted:
     def result(self):
         return dict(self._result)
 
+    def new_measurement(self, since):
+        return None if self.measurements == since else (self.measurements, self.result())
+
 
 class Membership:
     """Stands for the job's worker count in the bookkeeping tests (the real

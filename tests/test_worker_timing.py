@@ -291,6 +291,10 @@ def test_one_worker_waits_nothing_and_logs_between_measurements():
     r = monitor.result()
     assert r["steps"] == 4 and r["wait_time"] == [0.0] and r["comm_fraction"] == 0.0
     assert monitor.measurements == 2  # at steps 4 and 8 (10 steps)
+    # What the policies ask: a measurement after the first `since` ones?
+    assert monitor.new_measurement(since=0) == (2, r)
+    assert monitor.new_measurement(since=1) == (2, r)
+    assert monitor.new_measurement(since=2) is None
     assert r["compute_time"][0] == r["step_time"] > 0.0
     assert r["throughput"] == pytest.approx(16 / r["step_time"])
     assert seen[-1][metadata.worker_time_key("compute_time", 0)] == r["compute_time"][0]
@@ -413,3 +417,67 @@ def test_straggler_policy_arguments_and_rule():
     assert slow_ranks([0.010, 0.011, 0.0113, 0.0100], 0.067) == {2: pytest.approx(0.0113 / 0.0105)}
     assert slow_ranks([0.010, 0.011, 0.0112, 0.0100], 0.067) == {}
     assert slow_ranks([0.0, 0.0], 0.067) == {}
+
+
+def test_straggler_exclude_arguments(tmp_path, monkeypatch):
+    from keras_adapt.policies import StragglerPolicy
+
+    monitor = WorkerTimingMonitor(interval=5)
+    monkeypatch.delenv("KERAS_ADAPT_EXCLUDE_FILE", raising=False)
+    with pytest.raises(ValueError, match="KERAS_ADAPT_EXCLUDE_FILE") as info:
+        StragglerPolicy(monitor, action="exclude")
+    assert "--exclude-file" in str(info.value)
+    path = tmp_path / "excluded"
+    for kwargs in ({"exclude_file": str(path)}, {"min_workers": 2}):
+        with pytest.raises(ValueError, match="only used with action='exclude'"):
+            StragglerPolicy(monitor, **kwargs)
+    with pytest.raises(ValueError, match="min_workers=0"):
+        StragglerPolicy(monitor, action="exclude", exclude_file=str(path), min_workers=0)
+    # A malformed file fails when the policy is made, naming file, line and fix.
+    path.write_text("node-a\nnode-b:2\n")
+    with pytest.raises(ValueError, match=r"excluded line 2: 'node-b:2' is not a host name"):
+        StragglerPolicy(monitor, action="exclude", exclude_file=str(path))
+    path.write_text("# left out\nnode-a\n")
+    monkeypatch.setenv("KERAS_ADAPT_EXCLUDE_FILE", str(path))
+    policy = StragglerPolicy(monitor, action="exclude")   # the file from the environment
+    assert (policy.exclusion.exclude_file, policy.min_workers) == (str(path), 1)
+    assert policy.exclusion.excluded == []   # this job excluded nothing yet
+    # One process: nothing is ever flagged, and no elastic job is needed.
+    model = _model()
+    x = np.random.rand(16 * 12, 3).astype("float32")
+    model.fit(x, x[:, :1], batch_size=16, verbose=0,
+              callbacks=[monitor, StragglerPolicy(monitor, warmup_s=0.0, patience=1,
+                                                  action="exclude")])
+    assert monitor.measurements == 2 and path.read_text() == "# left out\nnode-a\n"
+
+
+def test_a_worker_knows_its_host_only_in_an_elastic_job(monkeypatch):
+    from keras_adapt.actuators import HostExclusion
+
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "node-a")
+    with pytest.raises(ValueError, match="needs a Horovod Elastic job") as info:
+        HostExclusion.this_host()
+    assert "HOROVOD_ELASTIC=None" in str(info.value) and "--host-discovery-script" in str(info.value)
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    assert HostExclusion.this_host() == "node-a"
+    monkeypatch.delenv("HOROVOD_HOSTNAME")
+    with pytest.raises(ValueError, match="HOROVOD_HOSTNAME=None"):
+        HostExclusion.this_host()
+
+
+def test_exclusion_rule_counts_the_workers_of_each_host():
+    from keras_adapt.policies.straggler import exclusion_decision
+
+    hosts = ["a", "b", "b", "c"]   # by rank: host b runs ranks 1 and 2
+    assert exclusion_decision(hosts, 0, [], 1) == (True, 3, "3 of 4 workers left")
+    # excluding b stops both its workers
+    assert exclusion_decision(hosts, 2, [], 2) == (True, 2, "2 of 4 workers left")
+    assert exclusion_decision(hosts, 2, [], 3) == (
+        False, 2, "that would leave 2 of 4 workers, fewer than min_workers=3")
+    # a host already leaving counts as gone, and is not excluded twice
+    assert exclusion_decision(hosts, 3, ["b"], 1) == (True, 1, "1 of 4 workers left")
+    assert exclusion_decision(hosts, 1, ["b"], 1) == (False, None, "it was already excluded")
+    # never the last host, whatever min_workers allows
+    assert exclusion_decision(hosts, 3, ["a", "b"], 1)[:2] == (False, 0)
+    assert exclusion_decision(["a", "a"], 0, [], 1)[:2] == (False, 0)

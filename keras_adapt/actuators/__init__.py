@@ -13,14 +13,17 @@ same way on every rank:
 * :class:`WorkerTarget` -- the worker count the job asks for, written to the
   target file that ``keras-adapt discover`` reads (rank 0 writes);
 * :class:`RankBatchSizes` -- a micro-batch per worker (straggler
-  rebalance), the update still the mean gradient of the global batch.
+  rebalance), the update still the mean gradient of the global batch;
+* :class:`HostExclusion` -- hosts left out of the job, written to the
+  exclusion file that ``keras-adapt discover`` reads (rank 0 writes).
 """
 
 from keras_adapt.actuators.batch_size import GlobalBatchSize
 from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
+from keras_adapt.actuators.host_exclusion import HostExclusion
 from keras_adapt.actuators.learning_rate import LearningRateScale
 from keras_adapt.actuators.rank_batch_sizes import RankBatchSizes
 from keras_adapt.actuators.workers import WorkerTarget
 
-__all__ = ["GlobalBatchSize", "GradientAccumulation", "LearningRateScale", "RankBatchSizes",
-           "WorkerTarget"]
+__all__ = ["GlobalBatchSize", "GradientAccumulation", "HostExclusion", "LearningRateScale",
+           "RankBatchSizes", "WorkerTarget"]

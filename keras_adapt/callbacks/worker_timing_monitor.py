@@ -82,7 +82,8 @@ class WorkerTimingMonitor(CachedLogs):
     per-worker step times instead of gathering its own. Between measurements
     the last values are repeated in the logs. :meth:`result` gives them to
     policies (``StragglerPolicy``, ``SyncStrategyPolicy``'s ``timing``);
-    :attr:`measurements` counts them.
+    :attr:`measurements` counts them and :meth:`new_measurement` tells a
+    policy whether one came since it last looked.
 
     The timestamps are added to the update when this callback is set on the
     model, before the train function is traced (a train function traced
@@ -213,6 +214,27 @@ class WorkerTimingMonitor(CachedLogs):
             values[metadata.worker_time_key("compute_time", r)] = c
             values[metadata.worker_time_key("wait_time", r)] = w
         self._values = values
+
+    def new_measurement(self, since):
+        """``(count, result)`` when a measurement was made after the first
+        ``since`` ones, else None.
+
+        ``count`` is :attr:`measurements` now (pass it as ``since`` next
+        time) and ``result`` is :meth:`result`. A policy that must act on each
+        measurement once (``StragglerPolicy``, ``ThroughputScalingPolicy``)
+        keeps the count; a check that finds no new measurement gets None.
+        Every worker gets the same answer at the same step.
+
+        Example:
+
+        >>> from keras_adapt.callbacks import WorkerTimingMonitor
+        >>> monitor = WorkerTimingMonitor(interval=5)
+        >>> monitor.new_measurement(since=monitor.measurements) is None
+        True
+        """
+        if self.measurements == since:
+            return None
+        return self.measurements, self.result()
 
     def result(self):
         """The last measurement, the same on every worker.

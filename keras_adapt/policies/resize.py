@@ -190,9 +190,10 @@ class ThroughputScalingPolicy(ResizePolicy):
     Args:
         min_workers, max_workers: bounds of the worker count.
         monitor: the run's ``WorkerTimingMonitor`` (in the callback list
-            before this policy), or an object with ``result()`` returning
-            ``{"throughput": samples/s, "step_time": s, ...}`` identical on
-            every rank and a ``measurements`` counter.
+            before this policy), or an object with its ``measurements``
+            counter and ``new_measurement(since)`` returning ``(count,
+            {"throughput": samples/s, "step_time": s, ...})`` (identical on
+            every rank) or None when nothing was measured since ``since``.
         efficiency: the fraction of a worker's throughput an added worker
             must add (0 < efficiency <= 1; 0.8 by default).
         warmup_measurements: measurements left out after each change of
@@ -224,7 +225,8 @@ class ThroughputScalingPolicy(ResizePolicy):
     def __init__(self, min_workers, max_workers, monitor, efficiency=0.8, warmup_measurements=1,
                  patience=2, window=8, throughput_model=None, target_file=None,
                  min_change_interval=0, interval=None, log_dir=None, verbose=0):
-        if not (callable(getattr(monitor, "result", None)) and hasattr(monitor, "measurements")):
+        if not (callable(getattr(monitor, "new_measurement", None))
+                and hasattr(monitor, "measurements")):
             raise TypeError(
                 f"monitor={monitor!r} is not valid; pass the WorkerTimingMonitor of the same "
                 "fit, e.g. m = WorkerTimingMonitor(10); ThroughputScalingPolicy(1, 4, m), "
@@ -321,14 +323,14 @@ class ThroughputScalingPolicy(ResizePolicy):
         self._check_measurement()
 
     def _check_measurement(self):
-        if self.monitor.measurements == self._seen:
+        new = self.monitor.new_measurement(self._seen)
+        if new is None:
             return
-        self._seen = self.monitor.measurements
+        self._seen, result = new
         workers = self.workers
         if workers != self._counted_workers:
             self._counted_workers, self._skip, self._proposal = (
                 workers, self.warmup_measurements, None)
-        result = self.monitor.result()
         value = result.get("throughput", math.nan)
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             return

@@ -2,7 +2,9 @@
 
 import math
 import statistics
+import warnings
 
+from keras_adapt import _hvd
 from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
 
 
@@ -69,7 +71,38 @@ def proportional_batches(speeds, total):
     return out
 
 
-ACTIONS = ("record", "rebalance")
+def exclusion_decision(hosts, rank, leaving, min_workers):
+    """Whether worker ``rank``'s host may be excluded: ``(excluded,
+    workers_left, why)``.
+
+    ``hosts``: every worker's host, by rank; ``leaving``: hosts already
+    excluded whose workers still run. Excluding a host removes all its
+    workers; it is refused when the host is already leaving
+    (``workers_left`` None) or when fewer than ``min_workers`` workers
+    would be left (never the last host: ``min_workers >= 1``).
+
+    Example:
+
+    >>> from keras_adapt.policies.straggler import exclusion_decision
+    >>> exclusion_decision(["a", "b", "b"], 1, [], min_workers=1)
+    (True, 1, '1 of 3 workers left')
+    >>> exclusion_decision(["a", "b", "b"], 1, [], min_workers=2)[:2]
+    (False, 1)
+    >>> exclusion_decision(["a", "a"], 1, [], min_workers=1)
+    (False, 0, 'that would leave 0 of 2 workers, fewer than min_workers=1')
+    """
+    host = hosts[rank]
+    if host in leaving:
+        return False, None, "it was already excluded"
+    gone = set(leaving) | {host}
+    left = sum(h not in gone for h in hosts)
+    if left < min_workers:
+        return False, left, (f"that would leave {left} of {len(hosts)} workers, fewer than "
+                             f"min_workers={min_workers}")
+    return True, left, f"{left} of {len(hosts)} workers left"
+
+
+ACTIONS = ("record", "rebalance", "exclude")
 
 
 class StragglerPolicy(AdaptationPolicy):
@@ -110,6 +143,23 @@ class StragglerPolicy(AdaptationPolicy):
     undone and the policy stops rebalancing (it still records). Speeds and
     step times are the means over the last ``patience`` measurements.
 
+    ``action="exclude"`` (jobs under :mod:`keras_adapt.elastic`, started
+    by ``horovodrun --host-discovery-script`` running ``keras-adapt
+    discover --exclude-file F``) leaves the flagged worker's *host* out of
+    the job: rank 0 appends it to the exclusion file
+    (:class:`~keras_adapt.actuators.HostExclusion`), the next discovery
+    omits it, and Horovod Elastic stops the workers there (all of that
+    host's workers); the others continue from the last commit, and the
+    elastic state records a ``resize`` event. The event's ``after`` holds
+    ``action`` (``"exclude"``, or ``"record"`` when the host was not
+    excluded) and the ``host``. The ranks' hosts are gathered (one
+    allgather) when a worker is first flagged in a ``fit`` (after a change
+    of membership, ``keras_adapt.elastic.fit`` starts a new one). A host
+    is never excluded when that would leave fewer than ``min_workers``
+    workers (never the last host): the event then says why and a warning
+    is issued. Excluded hosts stay out for the rest of the run; remove a
+    host's line from the file to bring it back.
+
     Args:
         monitor: the run's ``WorkerTimingMonitor`` (in the same callback
             list, before this policy).
@@ -119,9 +169,14 @@ class StragglerPolicy(AdaptationPolicy):
         patience: consecutive slow measurements before a worker is flagged.
         interval: optimizer updates between checks for a new measurement
             (default: the monitor's interval).
-        action: ``"record"`` (default) or ``"rebalance"``.
+        action: ``"record"`` (default), ``"rebalance"`` or ``"exclude"``.
         dataset: with ``action="rebalance"``: the
             :class:`~keras_adapt.data.AdaptiveBatchDataset` that feeds ``fit``.
+        exclude_file: with ``action="exclude"``: the exclusion file
+            ``keras-adapt discover`` reads (default: the environment
+            variable ``KERAS_ADAPT_EXCLUDE_FILE``).
+        min_workers: with ``action="exclude"``: the fewest workers an
+            exclusion may leave (default 1; match ``horovodrun --min-np``).
         log_dir, verbose: see :class:`AdaptationPolicy`.
 
     Example:
@@ -140,7 +195,8 @@ class StragglerPolicy(AdaptationPolicy):
     """
 
     def __init__(self, monitor, warmup_s=30.0, threshold=0.067, patience=3, interval=None,
-                 action="record", dataset=None, log_dir=None, verbose=0):
+                 action="record", dataset=None, exclude_file=None, min_workers=None,
+                 log_dir=None, verbose=0):
         from keras_adapt.callbacks import WorkerTimingMonitor
 
         if not isinstance(monitor, WorkerTimingMonitor):
@@ -170,9 +226,21 @@ class StragglerPolicy(AdaptationPolicy):
         if action == "record" and dataset is not None:
             raise ValueError("dataset= is only used with action='rebalance'; drop it or "
                              "pass action='rebalance'")
+        if action != "exclude" and (exclude_file is not None or min_workers is not None):
+            raise ValueError("exclude_file= and min_workers= are only used with "
+                             "action='exclude'; drop them or pass action='exclude'")
         self.action = action
         self.dataset = dataset
         self.batches = None  # the RankBatchSizes actuator (rebalance), made in on_attach
+        #: The HostExclusion actuator (action="exclude"), else None.
+        self.exclusion = None
+        self.min_workers = None
+        if action == "exclude":
+            from keras_adapt.actuators import HostExclusion
+
+            self.min_workers = _check_positive_int(
+                "min_workers", 1 if min_workers is None else min_workers)
+            self.exclusion = HostExclusion(exclude_file)
         self._reset()
 
     def on_attach(self, model):
@@ -189,6 +257,8 @@ class StragglerPolicy(AdaptationPolicy):
         self._undo = None  # (sizes, step time) before the last rebalance
         self._recent = []  # (compute times, step time) judged since the last change
         self._stopped = False
+        self._hosts = None  # every rank's host (exclude), gathered once per fit
+        self._leaving = []  # hosts excluded in this fit (their workers may still run)
         #: The optimizer step of the measurement that completed the warm-up
         #: (the measurements after it are judged); None before.
         self.warmup_end_step = None
@@ -225,10 +295,37 @@ class StragglerPolicy(AdaptationPolicy):
         self._recent = []
         self._settling = True
 
+    def _exclude(self, ranks):
+        """Excludes the hosts of the flagged ``ranks`` as far as ``min_workers``
+        allows (:func:`exclusion_decision`); ``{rank: (event after-values,
+        note for the reason)}``."""
+        if self._hosts is None:
+            self._hosts = self.exclusion.worker_hosts()  # one collective, on every rank alike
+        out = {}
+        for rank in ranks:
+            host = self._hosts[rank]
+            excluded, left, why = exclusion_decision(self._hosts, rank, self._leaving,
+                                                     self.min_workers)
+            if not excluded:
+                if left is not None and _hvd.rank() == 0:
+                    warnings.warn(f"StragglerPolicy: host {host} not excluded: {why}",
+                                  RuntimeWarning, stacklevel=2)
+                out[rank] = ({"action": "record", "host": host},
+                             f"; host {host} not excluded: {why}")
+                continue
+            self.exclusion.exclude(host)
+            self._leaving.append(host)
+            out[rank] = ({"action": "exclude", "host": host, "workers_left": left},
+                         f"; host {host} excluded ({why})")
+        return out
+
     def on_adapt_begin(self, values):
         self._reset()
+        if self.exclusion is not None and _hvd.size() > 1:
+            self.exclusion.this_host()  # not an elastic job: a clear error before any step
         if self.warmup_s == 0.0:
             self.warmup_end_step = self.step
+
 
     def adapt(self, step, values):
         self._check_measurement()
@@ -237,10 +334,10 @@ class StragglerPolicy(AdaptationPolicy):
         self._check_measurement()
 
     def _check_measurement(self):
-        if self.monitor.measurements == self._seen:
+        new = self.monitor.new_measurement(self._seen)
+        if new is None:
             return  # no new measurement since the last check
-        self._seen = self.monitor.measurements
-        result = self.monitor.result()
+        self._seen, result = new
         warm = self._timed_s >= self.warmup_s
         self._timed_s += result["step_time"] * result["steps"]
         if not warm:
@@ -258,16 +355,19 @@ class StragglerPolicy(AdaptationPolicy):
         median = statistics.median(compute)
         flagged = [(r, ratio) for r, ratio in sorted(slow.items())
                    if self._streaks[r] == self.patience]
-        before, after, note = {"median_compute_time": median}, {}, ""
+        before, after, note, hosts = {"median_compute_time": median}, {}, "", {}
         if flagged and self.batches is not None:
             sizes = self.batches.sizes
             note = self._rebalance(sizes)
             before["batch_sizes"], after["batch_sizes"] = sizes, self.batches.sizes
+        if flagged and self.exclusion is not None:
+            hosts = self._exclude([rank for rank, _ in flagged])
         for rank, ratio in flagged:
+            host_after, host_note = hosts.get(rank, ({}, ""))
             self.record(
                 "straggler",
                 f"rank {rank} computes {ratio:.3g}x the median for {self.patience} "
-                f"measurements (threshold {1.0 + self.threshold:.3g}x){note}",
+                f"measurements (threshold {1.0 + self.threshold:.3g}x){note}{host_note}",
                 dict(before),
                 {"straggler_rank": rank, "ratio": ratio, "compute_time": compute[rank],
-                 "median_compute_time": median, **after})
+                 "median_compute_time": median, **after, **host_after})
