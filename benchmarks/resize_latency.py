@@ -5,7 +5,7 @@ Gloo, two local "hosts" ``localhost`` and ``127.0.0.1``):
 
     .venv/bin/python benchmarks/resize_latency.py             # primary stack (~2 min)
     .venv-keras2/bin/python benchmarks/resize_latency.py      # legacy stack
-    .venv/bin/python benchmarks/resize_latency.py --quick     # one repetition
+    .venv/bin/python benchmarks/resize_latency.py --quick     # one short repetition
 
 What it runs
 ------------
@@ -26,6 +26,12 @@ synthetic regression, global batch 64 kept over the worker count
   of that one step. The scale-up pause includes the start of the new
   worker's process (Python, TensorFlow, the model).
 
+``--quick`` (the test's smoke run): one resize job that commits every 10
+steps instead of ``"auto"`` (so each change is noticed within 10 steps)
+and ends at the end of the epoch in which the job grew back, and a commit
+job of 2 epochs of 150 steps instead of 300. The pauses are measured the
+same way; the commit interval does not enter them.
+
 Prints one JSON line ``{"bench": "resize_latency", "down_s": ..., "up_s": ...,
 "commit_ratio": ...}`` (targets: down <= 1 s, up <= 10 s, commit <= 1.01).
 """
@@ -43,7 +49,8 @@ from _workers import describe_stack, parser
 
 ap = parser(__doc__)
 ap.add_argument("--repeats", type=int, default=3)
-ap.add_argument("--quick", action="store_true", help="one resize job")
+ap.add_argument("--quick", action="store_true",
+                help="one short resize job and a shorter commit job (smoke test)")
 ap.add_argument("--pace", type=float, default=0.02, help="sleep per step in the resize jobs (s)")
 ap.add_argument("--hosts", help=argparse.SUPPRESS)
 ap.add_argument("--mode", choices=["commit", "resize"], default="resize", help=argparse.SUPPRESS)
@@ -69,7 +76,12 @@ def launch(mode, workdir, timeout=600):
            "--network-interface", "lo", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", "--out", out, "--mode", mode, "--hosts", hosts,
            "--pace", str(args.pace), "--log-dir", os.path.join(workdir, "log")]
+    if args.quick:
+        cmd.append("--quick")
+    # A scale-up waits in Gloo's rendezvous for the new worker's process to
+    # start (Python, TensorFlow): more than Gloo's default 30 s when loaded.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -99,11 +111,14 @@ def worker():
     model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(1e-3)), "mse")
+    # `shrank` (committed and synced like the weights): the job ran on one
+    # worker, so a job of two that has it set has grown back.
     state = elastic.KerasState(model, rule=elastic.ResizeRule("keep", global_batch=GLOBAL_BATCH),
-                               log_dir=args.log_dir)
-    commit = elastic.CommitStateCallback(state)
+                               log_dir=args.log_dir, shrank=False)
     resize = args.mode == "resize"
-    steps, epochs = (100, 12) if resize else (300, 2)
+    commit = elastic.CommitStateCallback(state, batches_per_commit=10 if resize and args.quick
+                                         else "auto")
+    steps, epochs = (100, 12) if resize else (150 if args.quick else 300, 2)
     marks = {"down": False, "up": False, "shrank_at": None}
 
     class Pace(keras.callbacks.Callback):
@@ -117,6 +132,7 @@ def worker():
                     write_hosts(ONE_HOST)
                 if marks["down"] and keras_adapt.size() == 1 and marks["shrank_at"] is None:
                     marks["shrank_at"] = step
+                    state.shrank = True
                 if marks["shrank_at"] is not None and not marks["up"] \
                         and step >= marks["shrank_at"] + 100:
                     marks["up"] = True
@@ -143,8 +159,11 @@ def worker():
     @elastic.run
     def train(state):
         start = time.perf_counter()
+        end = epochs
+        if args.quick and state.shrank and keras_adapt.size() == 2:
+            end = state.epoch + 1  # grown back: the rest of this epoch measures the scale-up
         try:
-            return elastic.fit(state, data, epochs=epochs, steps_per_epoch=steps, verbose=0,
+            return elastic.fit(state, data, epochs=end, steps_per_epoch=steps, verbose=0,
                                callbacks=[commit, Pace()])
         finally:
             walls.append(time.perf_counter() - start)

@@ -20,6 +20,10 @@ def _env():
     # OpenMPI refuses to start as root unless told that is intended.
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # Gloo's rendezvous waits 30 s by default for every worker; a worker that
+    # joins an elastic job must first start Python and TensorFlow, which takes
+    # longer than that on a loaded 2-core machine (seen: the job then fails).
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
     if os.environ.get("KERAS_ADAPT_TEST_INSTALLED") != "1":
         # Workers import this checkout (tools/check_install.sh tests the
         # installed wheel instead and sets KERAS_ADAPT_TEST_INSTALLED=1).
@@ -136,10 +140,15 @@ def discovery_script(directory, hosts):
 
 
 def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2, timeout=300,
-                       extra_env=None):
+                       extra_env=None, hosts=None, launcher_args=()):
     """Runs an elastic job of ``script`` (a file in tests/workers, or a path):
     ``horovodrun -np N --min-np .. --max-np ..
     --host-discovery-script S --network-interface lo --gloo python script ...``.
+
+    With ``hosts`` (the ``emulated_hosts`` fixture) the workers are started
+    over ssh on the emulated hosts the discovery script lists (their
+    interface and ssh key instead of ``lo``). ``launcher_args`` are more
+    ``horovodrun`` flags (e.g. ``--blacklist-cooldown-range 1 2``).
 
     The launcher and every worker it started are killed on timeout (and
     any left when it ends), so no worker outlives the test. Returns the
@@ -150,10 +159,33 @@ def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2,
     horovodrun_bin = os.path.join(BIN, "horovodrun")
     if not os.path.exists(horovodrun_bin):
         pytest.skip("horovodrun is not installed in this environment")
+    network = ["--network-interface", "lo"] if hosts is None else hosts.launcher_args()
     cmd = [horovodrun_bin, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
-           "--host-discovery-script", discovery, "--network-interface", "lo", "--gloo",
+           "--host-discovery-script", discovery, *network, *map(str, launcher_args), "--gloo",
            sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
     return _run_job(cmd, timeout, extra_env)
+
+
+@pytest.fixture(scope="session")
+def elastic_reference(tmp_path_factory):
+    """``reference(epochs, steps, lr)``: the final weights of
+    tests/workers/elastic_train.py's one-process run (``--reference``: the
+    same global batches without elastic machinery), computed once per
+    session for each setting and shared by every elastic test file."""
+    done = {}
+
+    def reference(epochs, steps, lr):
+        if (epochs, steps, lr) not in done:
+            out = tmp_path_factory.mktemp("elastic_reference")
+            subprocess.run([sys.executable, os.path.join(WORKERS, "elastic_train.py"),
+                            "--out", str(out), "--reference", "--epochs", str(epochs),
+                            "--steps", str(steps), "--lr", str(lr)],
+                           env=_env(), check=True, capture_output=True, timeout=300)
+            with open(out / "reference.json") as f:
+                done[epochs, steps, lr] = json.load(f)
+        return done[epochs, steps, lr]
+
+    return reference
 
 
 #: Environment variable marking the processes of one test job.

@@ -24,15 +24,15 @@ ONE_HOST = "localhost:1\n"
 LR = 0.02
 
 
-def _job(tmp_path, rule, actions, commit=COMMIT, extra=()):
+def _job(tmp_path, rule, actions, commit=COMMIT, worker_args=(), launcher_args=()):
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()
     script, hosts = discovery_script(tmp_path, TWO_HOSTS)
     args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", rule,
             "--epochs", EPOCHS, "--steps", STEPS, "--commit", commit, "--lr", LR,
-            "--actions", json.dumps(actions), *extra]
+            "--actions", json.dumps(actions), *worker_args]
     done = horovodrun_elastic("elastic_train.py", args, script, np=2, min_np=1, max_np=2,
-                              timeout=300)
+                              timeout=300, launcher_args=launcher_args)
     finals = [json.load(open(out / name)) for name in sorted(os.listdir(out))
               if name.startswith("final_")]
     finals.sort(key=lambda r: r["rank"])
@@ -42,14 +42,9 @@ def _job(tmp_path, rule, actions, commit=COMMIT, extra=()):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(elastic_reference):
     """The same global batches in one process, without elastic machinery."""
-    out = tmp_path_factory.mktemp("reference")
-    subprocess.run([sys.executable, os.path.join(WORKERS, "elastic_train.py"), "--out", str(out),
-                    "--reference", "--epochs", str(EPOCHS), "--steps", str(STEPS),
-                    "--lr", str(LR)], env=_env(), check=True, capture_output=True, timeout=300)
-    with open(out / "reference.json") as f:
-        return json.load(f)
+    return elastic_reference(EPOCHS, STEPS, LR)
 
 
 def _ids(final):
@@ -87,7 +82,7 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     # reset re-shards it and the rule acts through the actuator.
     done, finals, events = _job(tmp_path, "keep", [
         {"step": 10, "do": "hosts", "hosts": ONE_HOST}], commit="auto",
-        extra=["--adaptive-data"])
+        worker_args=["--adaptive-data"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [1]  # the removed worker left
     final = finals[0]
@@ -134,7 +129,7 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     done, finals, events = _job(tmp_path, "scale", [
         {"step": 8, "do": "hosts", "hosts": ONE_HOST},
         {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1}],
-        extra=["--sync", "local_sgd:3"])
+        worker_args=["--sync", "local_sgd:3"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [2, 2]
     old, new = finals
@@ -171,14 +166,26 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     print(f"pauses: down {down['after']['pause_s']:.3f} s, up {up['after']['pause_s']:.3f} s")
 
 
-def test_killed_worker_the_other_continues_from_the_last_commit(tmp_path, reference):
+def test_killed_worker_the_other_continues_from_the_last_commit_and_its_host_comes_back(
+        tmp_path, reference):
+    """SIGKILL of rank 1 mid-epoch: Horovod blacklists its host, rank 0 goes
+    back to the last commit and trains alone; after the blacklist cooldown
+    (``--blacklist-cooldown-range 1 2``: 2 s) the host is used again and the
+    job grows back to two workers."""
     kill_after = 13  # mid-epoch, between commits (after steps 3, 7, 11, 15, ...)
-    done, finals, events = _job(tmp_path, "keep", [{"step": kill_after, "do": "kill", "rank": 1}])
+    # 0.1 s per step: about 8 s of training left after the kill, the host
+    # returns about 3 s after it.
+    done, finals, events = _job(tmp_path, "keep", [{"step": kill_after, "do": "kill", "rank": 1}],
+                                worker_args=["--sleep", 0.1],
+                                launcher_args=["--blacklist-cooldown-range", 1, 2])
     assert done.leftover == 0
-    assert [f["workers"] for f in finals] == [1]
-    final = finals[0]
-    _assert_finished(final)
-    ids = _ids(final)
+    assert [f["workers"] for f in finals] == [2, 2]  # grown back: a new worker on that host
+    first, back = finals
+    for final in finals:
+        _assert_finished(final)
+        _assert_weights(final, reference)  # the redone steps replaced the lost ones exactly
+    assert first["weights"] == back["weights"] and first["optimizer"] == back["optimizer"]
+    ids = _ids(first)
     # Rank 0 ran past the kill until its collective failed, then went back
     # to the last commit: only uncommitted steps ran twice, at most COMMIT.
     restart = next(i for i in range(1, len(ids)) if ids[i] <= ids[i - 1])
@@ -187,11 +194,25 @@ def test_killed_worker_the_other_continues_from_the_last_commit(tmp_path, refere
     redone = restart - ids[restart]
     assert 1 <= redone <= COMMIT and ids[restart] % COMMIT == 0
     assert kill_after < restart <= kill_after + 2
-    _assert_weights(final, reference)  # the redone steps replaced the lost ones exactly
-    (event,) = events
-    _resize(event, 2, 1)
-    assert (event["before"]["batch_size"], event["after"]["batch_size"]) == (16, 32)
-    print(f"failure pause {event['after']['pause_s']:.3f} s, {redone} steps redone")
+    # The returning worker joined at a commit and ran every step from there on.
+    joined = _ids(back)
+    assert joined == list(range(joined[0], TOTAL)) and joined[0] > ids[restart]
+    assert back["syncs"][0]["batch"] + back["syncs"][0]["epoch"] * STEPS == joined[0]
+    assert {(s["workers"], s["batch_size"]) for s in first["steps"]} == {(2, 16), (1, 32)}
+    down, up = events
+    _resize(down, 2, 1)
+    _resize(up, 1, 2)
+    assert (down["before"]["batch_size"], down["after"]["batch_size"]) == (16, 32)
+    assert (up["before"]["batch_size"], up["after"]["batch_size"]) == (32, 16)
+    alone = next(i for i, s in enumerate(first["steps"]) if s["workers"] == 1)
+    assert down["step"] == first["steps"][alone]["iterations"]
+    again = next(s for s in first["steps"][alone:] if s["workers"] == 2)
+    assert up["step"] == again["iterations"]
+    # Out of the blacklist no sooner than the cooldown after the failure.
+    assert again["time"] - first["steps"][alone]["time"] >= 1.0
+    print(f"failure pause {down['after']['pause_s']:.3f} s, {redone} steps redone; host back "
+          f"after {again['time'] - first['steps'][alone]['time']:.1f} s, "
+          f"pause {up['after']['pause_s']:.3f} s")
 
 
 def test_scale_up_requested_by_a_policy(tmp_path, reference):

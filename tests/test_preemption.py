@@ -15,7 +15,7 @@ import pytest
 
 import keras
 import keras_adapt
-from conftest import BIN, WORKERS, _env, controllers
+from conftest import BIN, JOB_MARK, WORKERS, _env, controllers, kill_job
 from keras_adapt import events
 from keras_adapt.callbacks import PreemptionCheckpoint
 from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE
@@ -247,18 +247,29 @@ def _launch(out, ckdir, controller, extra=()):
         cmd += ["--mpi-args=--oversubscribe"]
     cmd += [sys.executable, os.path.join(WORKERS, "preemption_checks.py"), "--out", str(out),
             "--dir", str(ckdir), *extra]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    env = _env()
+    env[JOB_MARK] = f"{os.getpid()}-{time.monotonic_ns()}"  # every process of the job has it
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
+    proc.mark = env[JOB_MARK]
+    return proc
 
 
 def _finish(proc, timeout=240):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc.mark)
         out, err = proc.communicate()
         pytest.fail(f"job timed out\n{out[-4000:]}\n{err[-4000:]}")
     return proc.returncode, out, err
+
+
+def _stop(proc):
+    """Kills every process of the job (launcher and workers) still running."""
+    kill_job(proc.mark)
+    if proc.returncode is None:
+        proc.communicate()
 
 
 def _read(path):
@@ -266,7 +277,7 @@ def _read(path):
         return json.load(f)
 
 
-def _wait_for_step(out, rank, step, proc, timeout=120):
+def _wait_for_step(out, rank, step, proc, timeout=300):
     path = os.path.join(out, f"progress{rank}")
     end = time.time() + timeout
     while time.time() < end:
@@ -279,7 +290,7 @@ def _wait_for_step(out, rank, step, proc, timeout=120):
         except (OSError, ValueError):
             pass
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_job(proc.mark)
     pytest.fail(f"rank {rank} did not reach step {step} in {timeout}s")
 
 
@@ -289,9 +300,12 @@ def runs(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"preempt_{controller}")
     if not os.path.exists(os.path.join(BIN, "horovodrun")):
         pytest.skip("horovodrun is not installed in this environment")
-    # 640 samples, 2 workers, batch 8: 40 steps per epoch, 3 epochs
-    rc, out, err = _finish(_launch(base / "full", base / "full_ck", controller))
-    assert rc == 0, err[-4000:]
+    # 640 samples, 2 workers, batch 8: 40 steps per epoch, 3 epochs. Jobs
+    # that do not depend on each other run at the same time (the uninterrupted
+    # one beside the one cut by the signal, then the two resumptions): each
+    # job's result is its steps and weights, not its timing.
+    full = _launch(base / "full", base / "full_ck", controller)
+    request.addfinalizer(lambda: _stop(full))  # a failure below leaves no job behind
     proc = _launch(base / "cut", base / "ck", controller, ["--sleep", "0.03"])
     _wait_for_step(base / "cut", 1, 52, proc)
     pid = int(open(base / "cut" / "pid1").read())
@@ -301,13 +315,17 @@ def runs(request, tmp_path_factory):
     cut_files = sorted(os.listdir(base / "ck"))
     # The damaged copy: the newest checkpoint truncated, as by a crash mid-copy.
     shutil.copytree(base / "ck", base / "ck_bad")
-    rc, out, err = _finish(_launch(base / "resumed", base / "ck", controller))
-    assert rc == 0, err[-4000:]
     bad_newest = PreemptionCheckpoint(base / "ck_bad").checkpoints()[-1]
     data = bad_newest + ".data-00000-of-00001"
     with open(data, "r+b") as f:
         f.truncate(os.path.getsize(data) - 7)
-    rc, out, bad_err = _finish(_launch(base / "fallback", base / "ck_bad", controller))
+    resumed = _launch(base / "resumed", base / "ck", controller)
+    fallback = _launch(base / "fallback", base / "ck_bad", controller)
+    request.addfinalizer(lambda: _stop(resumed) or _stop(fallback))
+    for job in (full, resumed):
+        rc, out, err = _finish(job)
+        assert rc == 0, err[-4000:]
+    rc, out, bad_err = _finish(fallback)
     assert rc == 0, bad_err[-4000:]
     return {"base": base, "cut_rc": cut_rc, "cut_err": cut_err, "cut_files": cut_files,
             "bad_newest": bad_newest,

@@ -137,9 +137,30 @@ def _check_series(log_dir, measured):
     return series
 
 
+STRAGGLER = {"warmup_s": 0.3, "patience": 3, "threshold": 0.067}
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """``plain_run(controller)``: one 2-worker run without delay or slow rank
+    (StragglerPolicy watching), made once per controller and shared by the
+    tests that compare a changed run with it."""
+    done = {}
+
+    def run(controller):
+        if controller not in done:
+            done[controller] = _launch(tmp_path_factory.mktemp(f"timing_{controller}"), "plain",
+                                       controller=controller,
+                                       extra=["--straggler", json.dumps(STRAGGLER)])
+        return done[controller]
+
+    return run
+
+
 @pytest.mark.parametrize("controller", controllers())
-def test_two_workers_wait_and_compute_time_and_a_collective_delay(tmp_path, controller):
-    plain, log_dir = _launch(tmp_path, "plain", controller=controller)
+def test_two_workers_wait_and_compute_time_and_a_collective_delay(tmp_path, controller,
+                                                                  plain_run):
+    plain, log_dir = plain_run(controller)
     measured = _check_run(plain)
     _check_series(log_dir, measured)
 
@@ -155,9 +176,6 @@ def test_two_workers_wait_and_compute_time_and_a_collective_delay(tmp_path, cont
     print(f"median comm_fraction: plain {median_plain:.3f}, 50 ms delay {median_delay:.3f}")
     assert median_delay > median_plain
     assert median_delay > 0.5  # 50 ms against a compute of a few ms
-
-
-STRAGGLER = {"warmup_s": 0.3, "patience": 3, "threshold": 0.067}
 
 
 def _expected_flags(measured, warmup_s, patience, threshold):
@@ -193,9 +211,9 @@ def _check_straggler_events(results, log_dir):
     return expected
 
 
-def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path):
+def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path, plain_run):
     extra = ["--straggler", json.dumps(STRAGGLER)]
-    plain, plain_dir = _launch(tmp_path, "plain", extra=extra)
+    plain, plain_dir = plain_run("gloo")
     slow, slow_dir = _launch(tmp_path, "slow", [(SLOW_RANK_ENV, "1:3")], extra=extra)
     plain_measured, slow_measured = _check_run(plain), _check_run(slow, slow_hook=True)
     def compute_ratio(measured):

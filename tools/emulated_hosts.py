@@ -92,8 +92,12 @@ class EmulatedHosts:
         """``-np``, ``-H``, ``--network-interface`` and ``--ssh-identity-file``
         for a job with ``slots`` workers on every host."""
         return ["-np", str(slots * len(self.names)),
-                "-H", ",".join(f"{n}:{slots}" for n in self.names),
-                "--network-interface", BRIDGE, "--ssh-identity-file", self.key]
+                "-H", ",".join(f"{n}:{slots}" for n in self.names), *self.launcher_args()]
+
+    def launcher_args(self):
+        """``--network-interface`` and ``--ssh-identity-file`` alone: for an
+        elastic job, whose hosts come from a discovery script instead of ``-H``."""
+        return ["--network-interface", BRIDGE, "--ssh-identity-file", self.key]
 
     def ssh(self, index, command, timeout=30):
         """Runs ``command`` (a string) on host ``index`` over ssh; returns the CompletedProcess."""
