@@ -109,12 +109,20 @@ EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
 
+# The policies' settings on every task (GNSBatchSizePolicy's gns_multiple
+# is still chosen per task, see the module docstring).
+GNS_SETTINGS = {"hysteresis": 0.25, "min_change_interval": 100, "warmup_updates": 50,
+                "interval": 10}
+GOODPUT_SETTINGS = {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
+                    "measure_updates": 10, "interval": 10}
+TEACHER = {"dim": 8, "hidden": 32}  # keras_adapt.data.teacher_student's teacher
+
 # Per task: data, model, batch bounds, sample budget, evaluation grid,
 # target, and the learning rates found by ``--tune`` (SGD, momentum 0.9).
 TASKS = {
     "teacher_student": {
         "data": "teacher_student",
-        "train": 50_000, "test": 10_000, "teacher": {"dim": 8, "hidden": 32},
+        "train": 50_000, "test": 10_000, "teacher": TEACHER,
         "hidden": 128,
         "min_batch": 32, "max_batch": 2048,
         "passes": 3.0, "eval_every": 5_000,
@@ -123,10 +131,8 @@ TASKS = {
         "rule": "adascale",
         # A batch at a quarter of the noise scale keeps more of the small
         # batch's sample efficiency on this task (see the module docstring).
-        "gns": {"gns_multiple": 0.25, "hysteresis": 0.25, "min_change_interval": 100,
-                "warmup_updates": 50, "interval": 10},
-        "goodput": {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
-                    "measure_updates": 10, "interval": 10},
+        "gns": dict(GNS_SETTINGS, gns_multiple=0.25),
+        "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
     },
     # The compute-bound task: the same teacher, a 2 x 1024 MLP whose step
@@ -134,7 +140,7 @@ TASKS = {
     # is full), so fewer, costlier updates are a real trade-off.
     "teacher_student_wide": {
         "data": "teacher_student",
-        "train": 20_000, "test": 5_000, "teacher": {"dim": 8, "hidden": 32},
+        "train": 20_000, "test": 5_000, "teacher": TEACHER,
         "hidden": 1024,
         "min_batch": 32, "max_batch": 2048,
         "passes": 3.0, "eval_every": 2_000,
@@ -143,10 +149,8 @@ TASKS = {
         # 0.8504); lr_large is the square-root-scaled rate, not yet tuned.
         "lr_small": 0.05, "lr_large": 0.4,
         "rule": "adascale",
-        "gns": {"gns_multiple": 0.25, "hysteresis": 0.25, "min_change_interval": 100,
-                "warmup_updates": 50, "interval": 10},
-        "goodput": {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
-                    "measure_updates": 10, "interval": 10},
+        "gns": dict(GNS_SETTINGS, gns_multiple=0.25),
+        "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.2, 0.4, 0.8, 1.6, 3.2]},
     },
     "digits": {
@@ -158,10 +162,8 @@ TASKS = {
         "target": 0.975,
         "lr_small": 0.1, "lr_large": 0.2,
         "rule": "adascale",
-        "gns": {"gns_multiple": 1.0, "hysteresis": 0.25, "min_change_interval": 100,
-                "warmup_updates": 50, "interval": 10},
-        "goodput": {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
-                    "measure_updates": 10, "interval": 10},
+        "gns": dict(GNS_SETTINGS, gns_multiple=1.0),
+        "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.01, 0.02, 0.05, 0.1, 0.2], "large": [0.1, 0.2, 0.4, 0.8, 1.6]},
     },
 }

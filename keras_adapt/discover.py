@@ -76,6 +76,31 @@ LAST_SUFFIX = ".last"
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]%]+$")
 
 
+def input_file(path, env, who, option):
+    """The path of a file ``keras-adapt discover`` reads (its ``option``),
+    for a writer named ``who``: ``path`` if given, else the environment
+    variable ``env``; else a ValueError that says how to give it.
+
+    Example:
+
+    >>> from keras_adapt import discover
+    >>> discover.input_file("/tmp/target", discover.ENV_TARGET_FILE, "WorkerTarget",
+    ...                     "--target-file")
+    '/tmp/target'
+    """
+    if path is None:
+        path = os.environ.get(env) or None
+    if path is None:
+        arg = option.lstrip("-").replace("-", "_")
+        raise ValueError(
+            f"{who} needs the file that keras-adapt discover reads as {option}: pass "
+            f"{arg}=PATH or set the environment variable {env} (horovodrun passes it on to "
+            f"the workers), and give the same file to keras-adapt discover ({option})")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{option.lstrip('-').replace('-', '_')} must be a path, got {path!r}")
+    return os.fspath(path)
+
+
 def write_atomic(path, text):
     """Replaces ``path`` by a file holding ``text``, atomically.
 

@@ -32,6 +32,27 @@ def _env():
     return env
 
 
+#: A checkout of Horovod 0.28.1's source: the tests that run Horovod's own
+#: files (its Keras test file, its elastic Keras example) read them there;
+#: the PyPI sdist that make setup builds from has neither, and nothing is
+#: fetched by the tests.
+HOROVOD_SOURCE_ENV = "KERAS_ADAPT_HOROVOD_SOURCE"
+
+
+def horovod_source_file(relative, what):
+    """The path of ``relative`` in the Horovod source named by
+    :data:`HOROVOD_SOURCE_ENV`; skips the test, saying why, without it."""
+    source = os.environ.get(HOROVOD_SOURCE_ENV)
+    if not source:
+        pytest.skip(f"{what} is not in Horovod's PyPI sdist; set {HOROVOD_SOURCE_ENV} to a "
+                    f"checkout of Horovod 0.28.1's source (it must hold {relative})")
+    path = os.path.join(source, relative)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} does not exist; {HOROVOD_SOURCE_ENV} must point at Horovod "
+                    "0.28.1's source")
+    return path
+
+
 def controllers():
     """Horovod controllers to test with: Gloo always, MPI when Horovod has it."""
     out = ["gloo"]

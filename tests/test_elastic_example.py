@@ -31,22 +31,10 @@ import time
 
 import pytest
 
-from conftest import BIN, HERE, JOB_MARK, _env, discovery_script, kill_job
+from conftest import BIN, HERE, JOB_MARK, _env, discovery_script, horovod_source_file, kill_job
 from keras_adapt import _keras
 
-SOURCE_ENV = "KERAS_ADAPT_HOROVOD_SOURCE"
 EXAMPLE = "examples/elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py"
-
-
-def _example():
-    source = os.environ.get(SOURCE_ENV)
-    if not source:
-        pytest.skip(f"Horovod's elastic Keras example is not in its PyPI sdist; set {SOURCE_ENV} "
-                    f"to a checkout of Horovod 0.28.1's source (it must hold {EXAMPLE})")
-    path = os.path.join(source, EXAMPLE)
-    if not os.path.exists(path):
-        pytest.skip(f"{path} does not exist; {SOURCE_ENV} must point at Horovod 0.28.1's source")
-    return path
 
 
 def substituted(text):
@@ -70,7 +58,8 @@ def test_horovods_elastic_keras_example_with_keras_adapt(tmp_path):
     import subprocess
 
     script = tmp_path / "tensorflow2_keras_mnist_elastic.py"
-    script.write_text(substituted(open(_example()).read()))
+    script.write_text(substituted(open(horovod_source_file(
+        EXAMPLE, "Horovod's elastic Keras example")).read()))
     discover, hosts = discovery_script(tmp_path, "localhost:1\n127.0.0.1:1\n")
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "workers", "fake_mnist"),

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from conftest import BIN, _env, controllers, horovodrun, load_rank_results
+from conftest import BIN, _env, controllers, horovod_source_file, horovodrun, load_rank_results
 
 LR = 0.5
 
@@ -165,19 +165,6 @@ def test_warmup_and_schedule_rates_per_batch(results, mode, factor):
 # -- Horovod's own Keras test file ------------------------------------------------
 
 HOROVOD_TEST = "test/parallel/test_tensorflow2_keras.py"
-SOURCE_ENV = "KERAS_ADAPT_HOROVOD_SOURCE"
-
-
-def _horovod_test_file():
-    source = os.environ.get(SOURCE_ENV)
-    if not source:
-        pytest.skip(
-            f"Horovod's Keras test file is not in its PyPI sdist; set {SOURCE_ENV} to a "
-            "checkout of Horovod 0.28.1's source (it must hold " + HOROVOD_TEST + ")")
-    path = os.path.join(source, HOROVOD_TEST)
-    if not os.path.exists(path):
-        pytest.skip(f"{path} does not exist; {SOURCE_ENV} must point at Horovod 0.28.1's source")
-    return path
 
 
 def substituted(text):
@@ -193,7 +180,7 @@ def substituted(text):
 @pytest.mark.parametrize("controller", controllers())
 def test_horovods_keras_test_file_with_keras_adapt(tmp_path, controller):
     pytest.importorskip("parameterized")
-    src = _horovod_test_file()
+    src = horovod_source_file(HOROVOD_TEST, "Horovod's Keras test file")
     target = tmp_path / "test_tensorflow2_keras_adapt.py"
     target.write_text(substituted(open(src).read()))
     cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}"]

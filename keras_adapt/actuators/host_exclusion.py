@@ -47,17 +47,8 @@ class HostExclusion:
     """
 
     def __init__(self, exclude_file=None):
-        if exclude_file is None:
-            exclude_file = os.environ.get(discover.ENV_EXCLUDE_FILE) or None
-        if exclude_file is None:
-            raise ValueError(
-                "HostExclusion needs the exclusion file that keras-adapt discover reads: pass "
-                f"exclude_file=PATH or set the environment variable {discover.ENV_EXCLUDE_FILE} "
-                "(horovodrun passes it on to the workers), and give the same file to "
-                "keras-adapt discover (--exclude-file)")
-        if not isinstance(exclude_file, (str, os.PathLike)):
-            raise TypeError(f"exclude_file must be a path, got {exclude_file!r}")
-        self.exclude_file = os.fspath(exclude_file)
+        self.exclude_file = discover.input_file(exclude_file, discover.ENV_EXCLUDE_FILE,
+                                                "HostExclusion", "--exclude-file")
         discover.read_excluded(self.exclude_file)  # a malformed file fails now, not mid-run
         self._excluded = []
 

@@ -1,7 +1,5 @@
 """WorkerTarget: asks the job for a number of workers, through ``keras-adapt discover``."""
 
-import os
-
 from keras_adapt import _hvd, discover
 from keras_adapt.actuators._common import positive_int
 
@@ -39,16 +37,8 @@ class WorkerTarget:
     """
 
     def __init__(self, target_file=None, min_workers=1, max_workers=None):
-        if target_file is None:
-            target_file = os.environ.get(discover.ENV_TARGET_FILE) or None
-        if target_file is None:
-            raise ValueError(
-                "WorkerTarget needs the target file that keras-adapt discover reads: pass "
-                f"target_file=PATH or set the environment variable {discover.ENV_TARGET_FILE} "
-                "(horovodrun passes it on to the workers)")
-        if not isinstance(target_file, (str, os.PathLike)):
-            raise TypeError(f"target_file must be a path, got {target_file!r}")
-        self.target_file = os.fspath(target_file)
+        self.target_file = discover.input_file(target_file, discover.ENV_TARGET_FILE,
+                                               "WorkerTarget", "--target-file")
         self.min_workers = positive_int("min_workers", min_workers)
         self.max_workers = None if max_workers is None else positive_int("max_workers",
                                                                           max_workers)
