@@ -14,7 +14,8 @@ synthetic regression, global batch 64 kept over the worker count
 (``ResizeRule("keep")``), under ``keras_adapt.elastic.run`` with the default
 ``CommitStateCallback`` (``batches_per_commit="auto"``).
 
-* ``commit``: one job of 2 workers, no change: ``commit_ratio`` is the
+* ``commit``: one job of 2 workers, 2 epochs of 1500 steps, no change
+  (long enough for "auto" to settle): ``commit_ratio`` is the
   training wall time over the same time without the commits
   (``wall / (wall - commit_seconds)``, rank 0).
 * ``resize`` (``--repeats`` jobs): 2 workers; rank 0 rewrites the discovery
@@ -29,7 +30,7 @@ synthetic regression, global batch 64 kept over the worker count
 ``--quick`` (the test's smoke run): one resize job that commits every 10
 steps instead of ``"auto"`` (so each change is noticed within 10 steps)
 and ends at the end of the epoch in which the job grew back, and a commit
-job of 2 epochs of 150 steps instead of 300. The pauses are measured the
+job of 2 epochs of 150 steps instead of 1500. The pauses are measured the
 same way; the commit interval does not enter them.
 
 Prints one JSON line ``{"bench": "resize_latency", "down_s": ..., "up_s": ...,
@@ -118,7 +119,7 @@ def worker():
     resize = args.mode == "resize"
     commit = elastic.CommitStateCallback(state, batches_per_commit=10 if resize and args.quick
                                          else "auto")
-    steps, epochs = (100, 12) if resize else (150 if args.quick else 300, 2)
+    steps, epochs = (100, 12) if resize else (150 if args.quick else 1500, 2)
     marks = {"down": False, "up": False, "shrank_at": None}
 
     class Pace(keras.callbacks.Callback):

@@ -363,6 +363,16 @@ def host_allreduce_mean(values, name):
     times) before deciding. Every rank must call it at the same point with
     the same ``name`` and length. Returns a numpy array.
     """
+    return _host_allreduce(values, name, "Average")
+
+
+def host_allreduce_max(values, name):
+    """The element-wise maximum of a small float64 vector over all workers,
+    from host code (as :func:`host_allreduce_mean`)."""
+    return _host_allreduce(values, name, "Max")
+
+
+def _host_allreduce(values, name, op):
     import numpy as np
 
     values = np.asarray(values, dtype=np.float64)
@@ -370,5 +380,5 @@ def host_allreduce_mean(values, name):
         return values
     import tensorflow as tf
 
-    return hvd.allreduce(_with_delay([tf.constant(values)])[0], op=hvd.Average,
+    return hvd.allreduce(_with_delay([tf.constant(values)])[0], op=getattr(hvd, op),
                          name=name).numpy()

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -465,6 +466,37 @@ def test_commits_wait_for_the_end_of_an_accumulated_update():
         elastic.UpdateBatchStateCallback(state), elastic.UpdateEpochStateCallback(state),
         elastic.CommitStateCallback(state, batches_per_commit=3)])
     assert committed == [(0, 4, 0), (0, 8, 0), (1, 1, 0), (1, 5, 0), (2, 0, 0)]
+
+
+def test_host_updates_are_agreed_and_interrupt_once():
+    # What the driver's notifications make a commit do (here one rank; the
+    # elastic jobs above run the agreement on two): a removal interrupts and
+    # skips the sync, an addition (or both) syncs, a stale one is ignored.
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    from keras_adapt import elastic
+
+    state = elastic.KerasState(_model())
+    state.check_host_updates()  # nothing announced
+    now = time.time()
+    for i, (update, skip_sync) in enumerate(((HostUpdateResult.removed, True),
+                                             (HostUpdateResult.added, False),
+                                             (HostUpdateResult.mixed, False))):
+        stamp = now + i
+        state.on_hosts_updated(stamp, update)
+        with pytest.raises(HostsUpdatedInterrupt) as raised:
+            state.commit()
+        assert raised.value.skip_sync is skip_sync
+        state.check_host_updates()  # agreed once, not again
+        state.on_hosts_updated(stamp - 0.5, HostUpdateResult.removed)  # older than the last
+        state.check_host_updates()
+    # A removal then an addition before the same commit: both, so a sync.
+    state.on_hosts_updated(now + 3, HostUpdateResult.removed)
+    state.on_hosts_updated(now + 4, HostUpdateResult.added)
+    with pytest.raises(HostsUpdatedInterrupt) as raised:
+        state.check_host_updates()
+    assert raised.value.skip_sync is False
 
 
 def test_bad_input_is_refused_with_the_fix():

@@ -5,6 +5,7 @@ start of the next step (or epoch, or the end of training), by when the
 position callbacks have recorded the step that just ended.
 """
 
+import collections
 import math
 import time
 
@@ -16,8 +17,11 @@ from keras_adapt.optimizer import UpdateBoundary
 #: ``batches_per_commit="auto"`` (the default) commits every this many steps
 #: until it has measured :data:`AUTO_MEASURED_COMMITS` commits of this ``fit``.
 AUTO_FIRST_INTERVAL = 10
-#: How many commits (and the steps between them) "auto" measures.
+#: "auto" chooses the interval after this many commits of a ``fit``, and
+#: again after every this many more.
 AUTO_MEASURED_COMMITS = 3
+#: The most recent commit and step times "auto" takes the means of.
+AUTO_WINDOW = 1000
 #: The share of the step time "auto" lets commits cost.
 AUTO_MAX_COST = 0.01
 #: The longest interval "auto" chooses (a failure loses at most this many steps).
@@ -62,19 +66,21 @@ class CommitStateCallback(keras.callbacks.Callback):
         state: the :class:`~keras_adapt.elastic.KerasState`.
         batches_per_commit: steps between commits, or ``"auto"`` (the
             default): every :data:`AUTO_FIRST_INTERVAL` steps at first, then,
-            after :data:`AUTO_MEASURED_COMMITS` commits of each ``fit``, the
+            after :data:`AUTO_MEASURED_COMMITS` commits of each ``fit`` and
+            again after every :data:`AUTO_MEASURED_COMMITS` more, the
             interval that keeps commits under 1% of the step time
-            (:func:`auto_interval` of the median commit and step times,
-            averaged over the workers with one allreduce, so every rank
-            commits at the same steps).
+            (:func:`auto_interval` of the mean commit and step times of the
+            fit so far, the last :data:`AUTO_WINDOW` of each: their total
+            is what commits cost; averaged over the workers with one
+            allreduce, so every rank commits at the same steps).
 
     Attributes:
         commits: commits made so far.
         commit_seconds: the time they took in all (their cost to training).
         interval: the steps between commits now.
-        measured: ``(commit_seconds, step_seconds)``, the workers' mean of
-            their median commit and step times from which "auto" chose
-            ``interval`` in the last ``fit`` (None before it chose).
+        measured: ``(commit_seconds, step_seconds)``, the workers' mean
+            commit and step times from which "auto" last chose ``interval``
+            in this ``fit`` (None before it chose).
 
     Example:
 
@@ -105,8 +111,9 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._due = False
         self._boundary = None
         self._at_boundary = True
-        self._commit_times = []
-        self._step_times = []
+        self._fit_commits = 0
+        self._commit_times = collections.deque(maxlen=AUTO_WINDOW)
+        self._step_times = collections.deque(maxlen=AUTO_WINDOW)
         self._step_start = None
 
     def _commit_if_due(self):
@@ -120,10 +127,13 @@ class CommitStateCallback(keras.callbacks.Callback):
         finally:
             took = time.perf_counter() - start
             self.commit_seconds += took
-        if self.batches_per_commit == "auto" and self._commit_times is not None:
+        if self.batches_per_commit == "auto":
             self._commit_times.append(took)
-            if len(self._commit_times) == AUTO_MEASURED_COMMITS:
+            self._fit_commits += 1
+            if self._fit_commits % AUTO_MEASURED_COMMITS == 0:
+                start = time.perf_counter()
                 self._choose_interval()
+                self.commit_seconds += time.perf_counter() - start  # part of the cost
 
     def _choose_interval(self):
         """Every rank runs this at the same commit: one allreduce averages
@@ -131,11 +141,10 @@ class CommitStateCallback(keras.callbacks.Callback):
         from keras_adapt import _hvd
 
         commit_s, step_s = _hvd.host_allreduce_mean(
-            [np.median(self._commit_times), np.median(self._step_times or [0.0])],
+            [np.mean(self._commit_times), np.mean(self._step_times or [0.0])],
             name="keras_adapt_commit_interval")
         self.measured = (float(commit_s), float(step_s))
         self.interval = auto_interval(*self.measured)
-        self._commit_times = None  # chosen for this fit
 
     def on_train_begin(self, logs=None):
         # The same count on every rank after a reset; "auto" measures anew
@@ -148,13 +157,15 @@ class CommitStateCallback(keras.callbacks.Callback):
         if self.batches_per_commit == "auto":
             self.interval = AUTO_FIRST_INTERVAL
             self.measured = None
-            self._commit_times, self._step_times = [], []
+            self._fit_commits = 0
+            self._commit_times = collections.deque(maxlen=AUTO_WINDOW)
+            self._step_times = collections.deque(maxlen=AUTO_WINDOW)
 
     def on_train_batch_begin(self, batch, logs=None):
         # A step's time: from the start of one step to the start of the next
         # (every callback included), before the commit that may come between.
         now = time.perf_counter()
-        if self._step_start is not None and self._commit_times is not None:
+        if self._step_start is not None and self.batches_per_commit == "auto":
             self._step_times.append(now - self._step_start)
         self._commit_if_due()
         self._step_start = time.perf_counter()

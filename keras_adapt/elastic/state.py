@@ -34,6 +34,8 @@ import tensorflow as tf
 
 try:
     from horovod.common.elastic import ObjectState
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+    from horovod.runner.elastic.worker import HostUpdateResult
     import horovod.tensorflow as _hvd_tf
 except ImportError as exc:  # pragma: no cover - both stacks have Horovod
     raise ImportError(
@@ -219,6 +221,29 @@ class KerasState(ObjectState):
         for p, s in zip(self.policies, self.policy_states):
             p.restore(s)
         self.batch_size = self._batch_size()
+
+    def check_host_updates(self):
+        """Raises ``HostsUpdatedInterrupt`` on every rank at the same commit
+        when the driver announced hosts added or removed to any of them.
+
+        Horovod's version broadcasts rank 0's view as a pickled object (two
+        broadcasts); this agrees with one host allreduce (max) of three
+        numbers: the newest announcement's time, and whether any rank heard
+        of a removal or an addition. The interrupt skips the sync only when
+        hosts were only removed, as Horovod's does.
+        """
+        newest, removed, added = self._last_updated_timestamp, 0.0, 0.0
+        while not self._host_messages.empty():
+            timestamp, update = self._host_messages.get()
+            if timestamp > newest:
+                newest = timestamp
+                removed = max(removed, float(bool(update & HostUpdateResult.removed)))
+                added = max(added, float(bool(update & HostUpdateResult.added)))
+        prev, newest, removed, added = _hvd.host_allreduce_max(
+            [self._last_updated_timestamp, newest, removed, added], "keras_adapt_host_updates")
+        self._last_updated_timestamp = newest
+        if newest > prev:
+            raise HostsUpdatedInterrupt(bool(removed) and not bool(added))
 
     def save(self):
         """Copies everything into host memory (called by ``commit``)."""
