@@ -273,11 +273,15 @@ def report(result, elapsed, curves=False):
                   "step = training seconds per update")
             print(f"{'batch':>6s} {'lr':>7s} {'step':>8s} {'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
             for r in per_batch_best(res):
-                mark = "  <- best fixed" if best and (r["batch"], r["lr"]) == (
-                    best["batch"], best["lr"]) else ""
                 print(f"{r['batch']:6d} {r['lr']:7.4g} {1000 * r['step_s']:6.2f}ms "
                       f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
-                      f"{r['final']:7.4f}{mark}")
+                      f"{r['final']:7.4f}")
+            if best:
+                print(f"best fixed in hindsight (the fastest to the target within "
+                      f"{100 * EQUAL_ACCURACY:g} pt of the most accurate): batch {best['batch']}, "
+                      f"lr {best['lr']:g}, {_fmt(best['updates_to_target'], 'd')} updates, "
+                      f"{_fmt(best['wall_to_target'], '.2f')} s to the target, final "
+                      f"{best['final']:.4f}")
         if curves:
             for c, r in runs.items():
                 print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
