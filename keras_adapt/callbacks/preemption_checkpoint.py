@@ -1,6 +1,5 @@
 """PreemptionCheckpoint: stop every worker at the same step on SIGTERM, checkpoint, resume there."""
 
-import collections
 import json
 import os
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd, events
-from keras_adapt.callbacks.signal_agreement import SIGNALS, SignalAgreement
+from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
 
@@ -39,26 +38,6 @@ def _policies(callbacks):
             and callable(getattr(cb, "set_state", None))]
 
 
-def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
-    """Steps between two agreements on the stop flag under
-    ``check_interval="auto"``: the fewest that keep one agreement of
-    ``check_s`` seconds under ``overhead`` of the step time ``step_s``,
-    capped so that the steps between two agreements take at most a quarter
-    of ``deadline_s`` (at least 1 step; 1000 without a deadline).
-
-    Example (an agreement of 5 ms, steps of 7 ms and of 1 s, 25 s deadline):
-
-    >>> from keras_adapt.callbacks.preemption_checkpoint import auto_check_interval
-    >>> auto_check_interval(0.005, 0.007, 25.0), auto_check_interval(0.005, 1.0, 25.0)
-    (72, 1)
-    >>> auto_check_interval(0.005, 0.001, 2.0)   # capped: 500 steps = 0.5 s
-    500
-    """
-    wanted = int(np.ceil(check_s / (overhead * step_s))) if step_s > 0 else 1
-    cap = 1000 if deadline_s is None else int(0.25 * deadline_s / step_s) if step_s > 0 else 1
-    return max(1, min(wanted, cap))
-
-
 class PreemptionCheckpoint(keras.callbacks.Callback):
     """Checkpoints on SIGTERM / SIGINT with every worker stopped at the same
     step, and resumes a rerun of the same command at that very step.
@@ -72,7 +51,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     longer one mostly waited for a slower worker), and the next interval is the smallest that keeps
     the agreements under 1% of the step time, capped so that the steps
     between two agreements take at most a quarter of ``deadline_s``
-    (:func:`auto_check_interval`; the same on every rank), and at most twice
+    (:func:`~keras_adapt.callbacks.signal_agreement.auto_check_interval`,
+    :class:`~keras_adapt.callbacks.signal_agreement.CheckInterval`; the same on every rank), and at most twice
     the previous interval; at the next optimizer-update boundary (never in the
     middle of an accumulation) rank 0 writes a checkpoint with
     ``tf.train.CheckpointManager``, every rank waits until it is on disk,
@@ -165,12 +145,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._step_in_epoch = 0
         self._steps_per_epoch = 0
         self._steps_since_check = 0
-        self._interval = 1  # steps to the next agreement
-        self._last_end = None  # perf_counter at the last step end
-        self._step_seconds = []  # this rank's step times since the last agreement
-        # This rank's time in its last agreements: their minimum is the
-        # cost; a longer one mostly waited for a slower rank.
-        self._check_seconds = collections.deque(maxlen=8)
+        self._schedule = CheckInterval(check_interval, self.deadline_s)
         self._boundary = None  # which micro-step completes an update
         self._timer = None
         self._manager = None
@@ -427,9 +402,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._signals.clear()
         self._saved.clear()
         self._steps_since_check = 0
-        self._interval = 1 if self.check_interval == "auto" else self.check_interval
-        self._last_end = None
-        self._step_seconds = []
+        self._schedule.start()
         self._boundary = UpdateBoundary(self.model.optimizer)
         self._install_handlers()
 
@@ -447,21 +420,17 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._step_in_epoch, self._offset = self._offset, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        if self._last_end is not None:
-            self._step_seconds.append(now - self._last_end)
-        self._last_end = now
+        self._schedule.step_ended()
         self._step_in_epoch += 1
         boundary = self._boundary.step_ended()
         self._steps_since_check += 1
         if boundary and isinstance(self.save_freq, int) and self._step() % self.save_freq == 0:
             self._periodic(self._epoch, self._step_in_epoch)
-        if self._steps_since_check < self._interval and not self.preempted:
+        if self._steps_since_check < self._schedule.interval and not self.preempted:
             return
         self._steps_since_check = 0
         if not self.preempted:
             self.preempted = self._agree()
-        self._last_end = time.perf_counter()  # the agreement is not step time
         if self.preempted and boundary:
             self.model.stop_training = True
             if self._step_in_epoch < self._steps_per_epoch:
@@ -469,22 +438,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             # else: the epoch's last step; on_epoch_end saves after the epoch-end callbacks
 
     def _agree(self):
-        """The one collective per check (:meth:`SignalAgreement.agree`): which
-        ranks were signalled, and when; with ``check_interval="auto"`` also
-        the step and agreement times, from which every rank computes the
-        same next interval."""
-        extra = [float(np.median(self._step_seconds)) if self._step_seconds else 0.0,
-                 min(self._check_seconds, default=0.0)]
-        start = time.perf_counter()
-        signalled, (step_s, check_s) = self._signals.agree(extra)
-        self._check_seconds.append(time.perf_counter() - start)
-        self._step_seconds = []
-        if self.check_interval == "auto" and step_s > 0.0:
-            # At most twice the last interval: one slow early agreement (a
-            # rank still tracing) must not space the next ones by seconds.
-            self._interval = min(2 * self._interval, auto_check_interval(
-                check_s, step_s, self.deadline_s))
-        return bool(signalled)
+        """The one collective per check (:meth:`CheckInterval.agree`): which
+        ranks were signalled, and when, and the next interval."""
+        return bool(self._schedule.agree(self._signals))
 
     def on_epoch_end(self, epoch, logs=None):
         if self.preempted:
@@ -513,7 +469,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                      f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
                       "signalled_ranks": ranks, "signal_to_disk_s": since,
-                      "check_interval": self._interval,
+                      "check_interval": self._schedule.interval,
                       "exit_code": self.exit_code})
         _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
         self._saved.set()

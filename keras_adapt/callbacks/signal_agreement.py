@@ -1,5 +1,6 @@
 """SignalAgreement: a signal only sets a flag; one tiny allreduce tells every rank who got one."""
 
+import collections
 import signal
 import threading
 import time
@@ -124,3 +125,88 @@ class SignalAgreement:
                               float(values[r]))
                           for r in range(size) if values[r] > 0.0}
         return self.signalled, values[2 * size:]
+
+
+def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
+    """Steps between two agreements on the stop flag under
+    ``check_interval="auto"``: the fewest that keep one agreement of
+    ``check_s`` seconds under ``overhead`` of the step time ``step_s``,
+    capped so that the steps between two agreements take at most a quarter
+    of ``deadline_s`` (at least 1 step; 1000 without a deadline).
+
+    Example (an agreement of 5 ms, steps of 7 ms and of 1 s, 25 s deadline):
+
+    >>> from keras_adapt.callbacks.signal_agreement import auto_check_interval
+    >>> auto_check_interval(0.005, 0.007, 25.0), auto_check_interval(0.005, 1.0, 25.0)
+    (72, 1)
+    >>> auto_check_interval(0.005, 0.001, 2.0)   # capped: 500 steps = 0.5 s
+    500
+    """
+    wanted = int(np.ceil(check_s / (overhead * step_s))) if step_s > 0 else 1
+    cap = 1000 if deadline_s is None else int(0.25 * deadline_s / step_s) if step_s > 0 else 1
+    return max(1, min(wanted, cap))
+
+
+class CheckInterval:
+    """When the ranks agree on the signal flags: every ``setting`` steps, or
+    under ``"auto"`` as the measured step and agreement times say.
+
+    Each agreement also averages the ranks' median step time since the last
+    one and their agreement time (the shortest of their last 8: a longer
+    one mostly waited for a slower rank), and under ``"auto"`` the next
+    interval is :func:`auto_check_interval` of them, at most twice the last
+    (one slow early agreement, a rank still tracing, must not space the
+    next ones by seconds); the same on every rank.
+
+    Args:
+        setting: an int (steps) or ``"auto"`` (starts at 1).
+        deadline_s: the grace period after a signal (None: no limit).
+
+    Attributes:
+        interval: steps to the next agreement.
+
+    Example:
+
+    >>> from keras_adapt.callbacks.signal_agreement import CheckInterval, SignalAgreement
+    >>> schedule = CheckInterval("auto", deadline_s=25.0)
+    >>> schedule.start(); schedule.step_ended(); schedule.step_ended()
+    >>> signalled = schedule.agree(SignalAgreement("demo_schedule"))
+    >>> signalled, schedule.interval >= 1
+    ({}, True)
+    """
+
+    def __init__(self, setting, deadline_s):
+        self.setting = setting
+        self.deadline_s = deadline_s
+        self.interval = 1
+        self._last_end = None
+        self._step_seconds = []
+        self._check_seconds = collections.deque(maxlen=8)
+
+    def start(self):
+        """A new ``fit``: the first interval, no step timed yet."""
+        self.interval = 1 if self.setting == "auto" else self.setting
+        self._last_end = None
+        self._step_seconds = []
+
+    def step_ended(self):
+        """Times the step that just ended (from the end of the last one)."""
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self._step_seconds.append(now - self._last_end)
+        self._last_end = now
+
+    def agree(self, agreement):
+        """Runs ``agreement.agree`` (every rank at the same step) with the
+        timings, sets the next interval; returns the signalled ranks."""
+        extra = [float(np.median(self._step_seconds)) if self._step_seconds else 0.0,
+                 min(self._check_seconds, default=0.0)]
+        start = time.perf_counter()
+        signalled, (step_s, check_s) = agreement.agree(extra)
+        self._check_seconds.append(time.perf_counter() - start)
+        self._step_seconds = []
+        if self.setting == "auto" and step_s > 0.0:
+            self.interval = min(2 * self.interval,
+                                auto_check_interval(check_s, step_s, self.deadline_s))
+        self._last_end = time.perf_counter()  # the agreement is not step time
+        return signalled

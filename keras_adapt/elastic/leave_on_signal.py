@@ -1,12 +1,10 @@
 """``LeaveOnSignalCallback``: a signalled worker leaves; the others go on without rollback."""
 
-import collections
 import os
 import sys
 import time
 
 import keras
-import numpy as np
 
 try:
     from horovod.common.exceptions import HostsUpdatedInterrupt
@@ -17,8 +15,8 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
     ) from exc
 
 from keras_adapt import _hvd, events
-from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE, auto_check_interval
-from keras_adapt.callbacks.signal_agreement import SIGNALS, SignalAgreement
+from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE
+from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.optimizer import UpdateBoundary
 
 
@@ -60,7 +58,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             ``"auto"`` (the default): the fewest that keep the agreements
             under 1% of the step time, capped so that they are at most a
             quarter of ``deadline_s`` apart
-            (:func:`~keras_adapt.callbacks.preemption_checkpoint.auto_check_interval`,
+            (:class:`~keras_adapt.callbacks.signal_agreement.CheckInterval`,
             from the workers' averaged measurements: the same on every rank).
         deadline_s: the platform's grace period after SIGTERM (30 s on most
             clouds and Kubernetes); only bounds the ``"auto"`` interval.
@@ -113,39 +111,29 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         self.agreement = SignalAgreement("keras_adapt_leave", signals)
         self.leaving = {}
         self.events = []
-        self._interval = 1
+        self._schedule = CheckInterval(check_interval, self.deadline_s)
         self._agreed_interval = 1  # updates between the last two agreements
         self._since = 0
         self._boundary = None
-        self._last_end = None
-        self._step_seconds = []
-        # This rank's time in its last agreements: their minimum is the cost.
-        self._check_seconds = collections.deque(maxlen=8)
 
     # -- Keras hooks -------------------------------------------------------
     def on_train_begin(self, logs=None):
         # A signal recorded in the previous fit of the same run still counts.
         self._boundary = UpdateBoundary(self.model.optimizer)
         self._since = 0
-        self._interval = 1 if self.check_interval == "auto" else self.check_interval
-        self._last_end = None
-        self._step_seconds = []
+        self._schedule.start()
         self.agreement.install()
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        if self._last_end is not None:
-            self._step_seconds.append(now - self._last_end)
-        self._last_end = now
+        self._schedule.step_ended()
         if self.leaving or not self._boundary.step_ended():
             return
         self._since += 1
-        if self._since < self._interval:
+        if self._since < self._schedule.interval:
             return
-        self._agreed_interval = self._interval
+        self._agreed_interval = self._schedule.interval
         self._since = 0
-        self._agree()
-        self._last_end = time.perf_counter()  # the agreement is not step time
+        self.leaving = dict(self._schedule.agree(self.agreement))
 
     def on_train_batch_begin(self, batch, logs=None):
         self._leave_if_agreed()
@@ -160,18 +148,6 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             self.agreement.remove()
 
     # -- the agreement and the leave ---------------------------------------
-    def _agree(self):
-        extra = [float(np.median(self._step_seconds)) if self._step_seconds else 0.0,
-                 min(self._check_seconds, default=0.0)]
-        start = time.perf_counter()
-        signalled, (step_s, check_s) = self.agreement.agree(extra)
-        self._check_seconds.append(time.perf_counter() - start)
-        self._step_seconds = []
-        if self.check_interval == "auto" and step_s > 0.0:
-            self._interval = min(2 * self._interval,
-                                 auto_check_interval(check_s, step_s, self.deadline_s))
-        self.leaving = dict(signalled)
-
     def _leave_if_agreed(self):
         if not self.leaving:
             return
