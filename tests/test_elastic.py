@@ -924,3 +924,38 @@ def test_sigterm_to_every_worker_writes_the_checkpoint_and_the_same_command_resu
     print(f"whole-job preemption: signal after step {term_after}, stopped at {stop} "
           f"(0 steps lost), signal to checkpoint on disk {after['signal_to_disk_s']:.3f} s, "
           f"max |w - reference| {diff:.2e}")
+
+
+def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path):
+    """Each combination that cannot work fails in elastic.fit before any step."""
+    from keras_adapt import elastic
+    from keras_adapt.callbacks import PreemptionCheckpoint
+
+    state = elastic.KerasState(_model())
+    x, y = _data()
+
+    def data(epoch, batch):
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+
+    def fit(callbacks):
+        elastic.fit(state, data, epochs=1, steps_per_epoch=3, callbacks=callbacks, verbose=0)
+
+    with pytest.raises(ValueError, match=r"save_freq='epoch'.*PreemptionCheckpoint\(directory, "
+                                         r"save_freq=None\)"):
+        fit([PreemptionCheckpoint(tmp_path)])
+    with pytest.raises(ValueError, match="exit_code=None .*cannot work under elastic"):
+        fit([PreemptionCheckpoint(tmp_path, save_freq=None, exit_code=None)])
+    ckpt = PreemptionCheckpoint(tmp_path, save_freq=None)
+    with pytest.raises(ValueError, match="2 PreemptionCheckpoint callbacks given"):
+        fit([ckpt, PreemptionCheckpoint(tmp_path, save_freq=None)])
+    with pytest.raises(ValueError, match=r"LeaveOnSignalCallback\(state, \.\.\., checkpoint=ckpt"):
+        fit([ckpt, elastic.LeaveOnSignalCallback(state)])
+    with pytest.raises(TypeError, match="checkpoint must be a keras_adapt.callbacks.Preemption"):
+        elastic.LeaveOnSignalCallback(state, checkpoint=str(tmp_path))
+    assert int(state.model.optimizer.iterations.numpy()) == 0 and not os.listdir(tmp_path)
+    # Given to the leave callback, or handed over by fit: one agreement.
+    fit([ckpt, elastic.LeaveOnSignalCallback(state, checkpoint=ckpt)])
+    assert int(state.model.optimizer.iterations.numpy()) == 3 and (state.epoch, state.batch) == (1, 0)
+    assert ckpt.checkpoints() == [] and ckpt.events == []  # no signal: nothing written

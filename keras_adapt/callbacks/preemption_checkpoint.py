@@ -73,6 +73,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ``preemption`` when the workers stop, ``checkpoint`` per periodic save,
     ``resume`` when a run restarts from a checkpoint.
 
+    Under Horovod Elastic pass it (with ``save_freq=None``) among the
+    callbacks of :func:`keras_adapt.elastic.fit` instead: the elastic
+    :class:`~keras_adapt.elastic.LeaveOnSignalCallback` then agrees on the
+    signals, lets a signalled worker leave when others remain, and writes
+    this checkpoint (then exits with ``exit_code``) only when every worker
+    was signalled; the same command resumes from it (docs/elastic.md).
+
     Args:
         directory: where the checkpoints go (made if missing).
         max_to_keep: checkpoints kept (>= 2 keeps a fallback).
