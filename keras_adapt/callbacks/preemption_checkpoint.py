@@ -541,7 +541,23 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         policies), records a ``resume`` event, and ``state.sync()`` gives it
         to every rank. Only rank 0 reads ``directory``. A worker joining a
         running job restores nothing: the job's state reaches it by the
-        elastic sync. Returns the checkpoint's path, or None."""
+        elastic sync. Returns the checkpoint's path, or None.
+
+        Example (one process: a stop written, then a fresh job resumes):
+
+        >>> import tempfile, time, keras, keras_adapt
+        >>> from keras_adapt import elastic
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> state, directory = elastic.KerasState(model, epoch=1, batch=4), tempfile.mkdtemp()
+        >>> PreemptionCheckpoint(directory, save_freq=None).stop_elastic(
+        ...     state, {0: ("SIGTERM", time.time())}, check_interval=1)
+        >>> state.epoch, state.batch = 0, 0
+        >>> path = PreemptionCheckpoint(directory, save_freq=None).resume_elastic(state)
+        >>> path.endswith("ckpt-0"), (state.epoch, state.batch)
+        (True, (1, 4))
+        """
         self._bind(state)
         fresh, self._elastic_entered = float(not self._elastic_entered), True
         if _hvd.host_allreduce_mean([fresh], "keras_adapt_resume_fresh")[0] < 1.0:
