@@ -722,11 +722,18 @@ def _left(tmp_path, finals):
 def test_sigterm_worker_leaves_and_the_other_goes_on_without_rollback(tmp_path, reference,
                                                                       signalled, rule):
     """SIGTERM to one worker mid-epoch (between commits): it leaves at the
-    step the workers agree on, the other continues from exactly there."""
+    step the workers agree on, the other continues from exactly there; a
+    PreemptionCheckpoint given to the job writes nothing."""
+    from keras_adapt.callbacks import PreemptionCheckpoint
+
     term_after = 13  # commits after steps 3, 7, 11, 15: a rollback would redo steps
+    # With a PreemptionCheckpoint too: it is written only when every worker
+    # is signalled, so the leave is exactly as without it.
     done, finals, events = _job(tmp_path, rule, [
-        {"step": term_after, "do": "term", "rank": signalled}])
+        {"step": term_after, "do": "term", "rank": signalled}],
+        worker_args=["--checkpoint", tmp_path / "ck"])
     assert done.leftover == 0
+    assert PreemptionCheckpoint(tmp_path / "ck").checkpoints() == []
     (final,) = finals
     (left,) = _left(tmp_path, finals)
     assert {s["rank"] for s in left} == {signalled}
