@@ -964,5 +964,6 @@ def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path
     assert int(state.model.optimizer.iterations.numpy()) == 0 and not os.listdir(tmp_path)
     # Given to the leave callback, or handed over by fit: one agreement.
     fit([ckpt, elastic.LeaveOnSignalCallback(state, checkpoint=ckpt)])
-    assert int(state.model.optimizer.iterations.numpy()) == 3 and (state.epoch, state.batch) == (1, 0)
+    assert int(state.model.optimizer.iterations.numpy()) == 3
+    assert (state.epoch, state.batch) == (1, 0)
     assert ckpt.checkpoints() == [] and ckpt.events == []  # no signal: nothing written

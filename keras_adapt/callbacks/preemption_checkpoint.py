@@ -514,7 +514,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         True
         >>> print(PreemptionCheckpoint(tempfile.mkdtemp(), exit_code=None, save_freq=None)
         ...       .elastic_problem())
-        exit_code=None (fit returns) cannot work under elastic: the workers of a stopped elastic job must end; use an exit code (default 75)
+        exit_code=None (fit returns) cannot work under elastic: ...; use an exit code (default 75)
         """
         if self.exit_code is None:
             return ("exit_code=None (fit returns) cannot work under elastic: the workers of a "
