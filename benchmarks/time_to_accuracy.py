@@ -109,10 +109,10 @@ EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
 
-# The policies' settings on every task (GNSBatchSizePolicy's gns_multiple
-# is still chosen per task, see the module docstring).
-GNS_SETTINGS = {"hysteresis": 0.25, "min_change_interval": 100, "warmup_updates": 50,
-                "interval": 10}
+# The policies' settings on every task. GNSBatchSizePolicy runs with the
+# library's defaults (its learning-rate rule included): only the bounds,
+# the data and the largest micro-batch are given.
+GNS_SETTINGS = {}
 GOODPUT_SETTINGS = {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
                     "measure_updates": 10, "interval": 10}
 TEACHER = {"dim": 8, "hidden": 32}  # keras_adapt.data.teacher_student's teacher
@@ -129,9 +129,7 @@ TASKS = {
         "target": 0.83,
         "lr_small": 0.02, "lr_large": 1.28,
         "rule": "adascale",
-        # A batch at a quarter of the noise scale keeps more of the small
-        # batch's sample efficiency on this task (see the module docstring).
-        "gns": dict(GNS_SETTINGS, gns_multiple=0.25),
+        "gns": GNS_SETTINGS,
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
     },
@@ -149,7 +147,7 @@ TASKS = {
         # 0.8504); lr_large is the square-root-scaled rate, not yet tuned.
         "lr_small": 0.05, "lr_large": 0.4,
         "rule": "adascale",
-        "gns": dict(GNS_SETTINGS, gns_multiple=0.25),
+        "gns": GNS_SETTINGS,
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.2, 0.4, 0.8, 1.6, 3.2]},
     },
@@ -162,7 +160,7 @@ TASKS = {
         "target": 0.975,
         "lr_small": 0.1, "lr_large": 0.2,
         "rule": "adascale",
-        "gns": dict(GNS_SETTINGS, gns_multiple=1.0),
+        "gns": GNS_SETTINGS,
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.01, 0.02, 0.05, 0.1, 0.2], "large": [0.1, 0.2, 0.4, 0.8, 1.6]},
     },
@@ -256,7 +254,7 @@ def report(result, elapsed, curves=False):
         runs = res["runs"]
         print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
               f"2 workers, Gloo; budget {s['passes']:g} passes of {res['train_size']} samples, "
-              f"target {s['target']:.3f}, LR rule {s['rule']}")
+              f"target {s['target']:.3f}, LR rule {s['rule']} (gns: the library's default)")
         print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'wall':>7s} "
               f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
         for c, r in runs.items():
@@ -541,9 +539,10 @@ def worker(args):
         policy = None
         if adaptive:
             cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
+            # The GNS policy keeps its own (default) learning-rate rule.
+            rule = {} if config == "gns" else {"scaling_rule": s["rule"]}
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
-                         max_micro_batch_size=s["max_batch"] // workers,
-                         scaling_rule=s["rule"], **s[config])
+                         max_micro_batch_size=s["max_batch"] // workers, **rule, **s[config])
             callbacks.append(policy)
         budget = int(s["passes"] * len(x))
         tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
