@@ -41,12 +41,13 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     docs/policies.md, "When adaptive batch size pays off"): the batch goes
     to the critical batch (``gns_multiple`` 1: about twice the minimal
     updates and twice the minimal samples, McCandlish et al.), the learning
-    rate scales linearly with it (AdaScale's gain, about half the scale at
-    the critical batch, under-steps a learning rate tuned for the small
-    batch's final accuracy and lost 1 to 1.5 points there), and a change
-    may follow the last after ``min_change_interval`` 20 updates: the
-    statistics' moving average already lags by about 100 updates, so the
-    interval need not add as much again.
+    rate scales linearly with it (the small batch's progress per sample;
+    AdaScale's gain, about half the scale at the critical batch, expects a
+    schedule that runs on its progress, and under a fixed sample budget it
+    ended 1.2 points lower there), and a change may follow the last after
+    ``min_change_interval`` 20 updates: the statistics' moving average
+    already lags by about 100 updates, so the interval need not add as much
+    again.
 
     Args:
         min_batch, max_batch: bounds of the global batch.
