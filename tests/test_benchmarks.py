@@ -50,6 +50,51 @@ def test_time_to_accuracy_quick():
             assert prefix + "speedup_vs_best_fixed" in line
 
 
+def _time_to_accuracy_benchmark():
+    """benchmarks/time_to_accuracy.py as a module (it imports its sibling _workers)."""
+    import importlib.util
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "time_to_accuracy_benchmark", os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    return module
+
+
+def test_time_to_accuracy_repeats_keep_the_median_run():
+    repeated = _time_to_accuracy_benchmark().repeated
+    walls = iter([5.0, None, 2.0, 4.0, 3.0])
+    calls = []
+
+    def run(tag):
+        calls.append(tag)
+        return {"tag": len(calls), "wall_to_target": next(walls)}
+
+    out = repeated(5, run, "gns")
+    assert calls == ["gns"] * 5
+    # ordered 2.0, 3.0, 4.0, 5.0, never: the median is run 4 (4.0)
+    assert out == {"tag": 4, "wall_to_target": 4.0,
+                   "wall_to_target_runs": [5.0, None, 2.0, 4.0, 3.0]}
+    walls = iter([None, 1.0])
+    assert repeated(2, run, "x")["wall_to_target"] == 1.0  # even: the lower middle
+
+
+@pytest.mark.primary_only
+def test_time_to_accuracy_repeats_every_run():
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
+           "--tasks", "digits", "--configs", "small", "gns", "--repeats", "2"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    for run in line["configs"].values():
+        assert len(run["wall_to_target_runs"]) == 2
+        assert run["wall_to_target"] in run["wall_to_target_runs"]
+
+
 def _perf_model_benchmark():
     """benchmarks/perf_model.py as a module (it imports its sibling _workers)."""
     import importlib.util
