@@ -722,11 +722,18 @@ def _left(tmp_path, finals):
 def test_sigterm_worker_leaves_and_the_other_goes_on_without_rollback(tmp_path, reference,
                                                                       signalled, rule):
     """SIGTERM to one worker mid-epoch (between commits): it leaves at the
-    step the workers agree on, the other continues from exactly there."""
+    step the workers agree on, the other continues from exactly there; a
+    PreemptionCheckpoint given to the job writes nothing."""
+    from keras_adapt.callbacks import PreemptionCheckpoint
+
     term_after = 13  # commits after steps 3, 7, 11, 15: a rollback would redo steps
+    # With a PreemptionCheckpoint too: it is written only when every worker
+    # is signalled, so the leave is exactly as without it.
     done, finals, events = _job(tmp_path, rule, [
-        {"step": term_after, "do": "term", "rank": signalled}])
+        {"step": term_after, "do": "term", "rank": signalled}],
+        worker_args=["--checkpoint", tmp_path / "ck"])
     assert done.leftover == 0
+    assert PreemptionCheckpoint(tmp_path / "ck").checkpoints() == []
     (final,) = finals
     (left,) = _left(tmp_path, finals)
     assert {s["rank"] for s in left} == {signalled}
@@ -842,3 +849,121 @@ def test_leave_on_signal_and_signal_agreement_refuse_bad_arguments():
     finally:
         agreement.remove()
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+# -- every worker preempted: PreemptionCheckpoint writes to disk, the same command resumes --
+
+def test_sigterm_to_every_worker_writes_the_checkpoint_and_the_same_command_resumes(
+        tmp_path, reference):
+    """A PreemptionCheckpoint among elastic.fit's callbacks: SIGTERM to both
+    workers mid-epoch (between commits) -> at the agreed step rank 0 writes
+    the checkpoint, both exit with 75, a ``preemption`` event; the same
+    command again resumes from it at that step and ends with the weights of
+    the one-process run over the same global batches."""
+    from keras_adapt.callbacks import PreemptionCheckpoint
+    from keras_adapt.events import read_events
+
+    out, log, ckdir = tmp_path / "out", tmp_path / "log", tmp_path / "ck"
+    out.mkdir()
+    script, hosts = discovery_script(tmp_path, TWO_HOSTS)
+    term_after = 37  # epoch 1 step 7; commits after steps 35 and 39
+    actions = [{"step": term_after, "do": "term", "rank": r} for r in (0, 1)]
+    # Each action runs once (a marker file in out): the rerun is the same command.
+    args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", "keep",
+            "--epochs", EPOCHS, "--steps", STEPS, "--commit", COMMIT, "--lr", LR,
+            "--checkpoint", ckdir, "--actions", json.dumps(actions)]
+
+    def run(check):
+        return horovodrun_elastic("elastic_train.py", args, script, np=2, min_np=1, max_np=2,
+                                  timeout=300, check=check)
+
+    cut = run(check=False)
+    assert cut.leftover == 0
+    # Both workers exited with PreemptionCheckpoint's code; horovodrun fails the job.
+    assert cut.returncode != 0
+    assert cut.stdout.count("exit with status code 75") == 2, cut.stdout[-3000:]
+    assert "exit with status code" not in cut.stdout.replace("exit with status code 75", "")
+    assert not [n for n in os.listdir(out) if n.startswith("final_")]
+    cut_steps = {}
+    for name in os.listdir(out):
+        if name.startswith("steps_"):
+            steps = [json.loads(line) for line in open(out / name)]
+            cut_steps[steps[0]["rank"]] = [s["id"] for s in steps]
+    assert sorted(cut_steps) == [0, 1] and cut_steps[0] == cut_steps[1]
+    stop = cut_steps[0][-1] + 1  # steps run; all of them must be in the checkpoint
+    assert cut_steps[0] == list(range(stop))
+    (event,) = read_events(str(log))
+    assert event["kind"] == "preemption" and event["policy"] == "PreemptionCheckpoint"
+    assert event["rank"] == 0 and event["step"] == stop
+    after = event["after"]
+    assert after["signalled_ranks"] == [0, 1] and after["signals"] == ["SIGTERM", "SIGTERM"]
+    assert after["exit_code"] == 75 and 0.0 < after["signal_to_disk_s"] < 25.0
+    assert term_after < stop <= term_after + after["check_interval"]
+    assert (after["epoch"], after["step_in_epoch"]) == divmod(stop, STEPS)
+    # On disk, in PreemptionCheckpoint's format, at exactly that step: no step lost.
+    ckpt = PreemptionCheckpoint(ckdir)
+    assert ckpt.checkpoints() == [str(ckdir / f"ckpt-{stop}")] == [after["checkpoint"]]
+    meta = ckpt.read_meta(ckpt.checkpoints()[0])
+    assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (
+        *divmod(stop, STEPS), stop, 2)
+
+    again = run(check=True)
+    assert again.leftover == 0
+    finals = [json.load(open(out / n)) for n in sorted(os.listdir(out)) if n.startswith("final_")]
+    finals.sort(key=lambda r: r["rank"])
+    assert [f["rank"] for f in finals] == [0, 1]
+    for final in finals:
+        _assert_finished(final)
+        # The rerun starts at the stop step: no step twice, none skipped.
+        assert _ids(final) == list(range(stop, TOTAL)) and final["restores"] == 0
+        assert final["steps"][0]["iterations"] == stop + 1
+    assert finals[0]["weights"] == finals[1]["weights"]
+    resume = read_events(str(log))[1:]
+    assert [e["kind"] for e in resume] == ["resume"] and resume[0]["rank"] == 0
+    assert (resume[0]["step"], resume[0]["after"]["epoch"], resume[0]["after"]["step_in_epoch"],
+            resume[0]["after"]["checkpoint"]) == (stop, *divmod(stop, STEPS), after["checkpoint"])
+    # The same global batches as the uninterrupted one-process run, to the
+    # tolerance of the preemption tests (measured: 2.4e-7).
+    diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))))
+               for g, w in zip(finals[0]["weights"], reference["weights"]))
+    for got, want in zip(finals[0]["weights"], reference["weights"]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    print(f"whole-job preemption: signal after step {term_after}, stopped at {stop} "
+          f"(0 steps lost), signal to checkpoint on disk {after['signal_to_disk_s']:.3f} s, "
+          f"max |w - reference| {diff:.2e}")
+
+
+def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path):
+    """Each combination that cannot work fails in elastic.fit before any step."""
+    from keras_adapt import elastic
+    from keras_adapt.callbacks import PreemptionCheckpoint
+
+    state = elastic.KerasState(_model())
+    x, y = _data()
+
+    def data(epoch, batch):
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+
+    def fit(callbacks):
+        elastic.fit(state, data, epochs=1, steps_per_epoch=3, callbacks=callbacks, verbose=0)
+
+    with pytest.raises(ValueError, match=r"save_freq='epoch'.*PreemptionCheckpoint\(directory, "
+                                         r"save_freq=None\)"):
+        fit([PreemptionCheckpoint(tmp_path)])
+    with pytest.raises(ValueError, match="exit_code=None .*cannot work under elastic"):
+        fit([PreemptionCheckpoint(tmp_path, save_freq=None, exit_code=None)])
+    ckpt = PreemptionCheckpoint(tmp_path, save_freq=None)
+    with pytest.raises(ValueError, match="2 PreemptionCheckpoint callbacks given"):
+        fit([ckpt, PreemptionCheckpoint(tmp_path, save_freq=None)])
+    with pytest.raises(ValueError, match=r"LeaveOnSignalCallback\(state, \.\.\., checkpoint=ckpt"):
+        fit([ckpt, elastic.LeaveOnSignalCallback(state)])
+    with pytest.raises(TypeError, match="checkpoint must be a keras_adapt.callbacks.Preemption"):
+        elastic.LeaveOnSignalCallback(state, checkpoint=str(tmp_path))
+    assert int(state.model.optimizer.iterations.numpy()) == 0 and not os.listdir(tmp_path)
+    # Given to the leave callback, or handed over by fit: one agreement.
+    fit([ckpt, elastic.LeaveOnSignalCallback(state, checkpoint=ckpt)])
+    assert int(state.model.optimizer.iterations.numpy()) == 3
+    assert (state.epoch, state.batch) == (1, 0)
+    assert ckpt.checkpoints() == [] and ckpt.events == []  # no signal: nothing written

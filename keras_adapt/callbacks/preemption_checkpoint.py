@@ -73,6 +73,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ``preemption`` when the workers stop, ``checkpoint`` per periodic save,
     ``resume`` when a run restarts from a checkpoint.
 
+    Under Horovod Elastic pass it (with ``save_freq=None``) among the
+    callbacks of :func:`keras_adapt.elastic.fit` instead: the elastic
+    :class:`~keras_adapt.elastic.LeaveOnSignalCallback` then agrees on the
+    signals, lets a signalled worker leave when others remain, and writes
+    this checkpoint (then exits with ``exit_code``) only when every worker
+    was signalled; the same command resumes from it (docs/elastic.md).
+
     Args:
         directory: where the checkpoints go (made if missing).
         max_to_keep: checkpoints kept (>= 2 keeps a fallback).
@@ -91,7 +98,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             ``"auto"`` (see above). Steps run after a signal are not lost:
             they are in the checkpoint.
         log_dir: directory of ``adapt_events.jsonl``; None keeps the events in
-            memory (:attr:`events`) and listeners.
+            memory (:attr:`events`) and listeners (under elastic: the state's).
 
     Example:
 
@@ -135,7 +142,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         #: Seconds from the first signal (on any rank) to the checkpoint on
         #: disk, on every rank (None before a preemption).
         self.signal_to_disk_s = None
-        self._signals = SignalAgreement("keras_adapt_preempt", SIGNALS, self._start_deadline)
+        self._signals = SignalAgreement("keras_adapt_preempt", SIGNALS, self.start_deadline)
         self._saved = threading.Event()
         self._dataset = None
         self._policy_list = []
@@ -153,6 +160,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._meta = None
         self._epoch_var = None
         self._step_var = None
+        self._elastic_entered = False  # this process has entered elastic.fit
 
     # -- reading the directory ---------------------------------------------
     def checkpoints(self):
@@ -290,35 +298,15 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._checkpoint = tf.train.Checkpoint(model=self.model, optimizer=optimizer, adapt=adapt,
                                                epoch=self._epoch_var, step=self._step_var,
                                                meta=self._meta)
-        if _hvd.rank() == 0:
-            self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory,
-                                                       max_to_keep=self.max_to_keep)
+        self._manager = None  # made by the rank that writes, when it first does
 
     def _restore(self, path, meta):
-        model = self.model
-        if not getattr(model, "built", True) or not model.trainable_variables:
-            raise ValueError(
-                f"cannot resume from {path}: the model has no weights yet (built lazily). "
-                "Give it a keras.Input or call model.build(input_shape) before fit")
-        optimizer = model.optimizer
-        sync = optimizer.adapt_state.sync
-        if meta["sync"]["name"] != type(sync.strategy).__name__:
-            sync.set(meta["sync"]["strategy"], **meta["sync"]["params"])
-        build_slots(optimizer, model.trainable_variables)
-        self._checkpoint.restore(path).assert_existing_objects_matched()
-        acc = optimizer.adapt_state.accumulation
-        if acc is not None:
-            acc.steps_value = int(acc.steps.numpy())
+        self._load(path, meta)
         if self._dataset is not None and meta.get("data") is not None:
             self._dataset.set_state(meta["data"])
-        states = meta.get("policies", [])
-        if len(states) != len(self._policy_list):
-            raise ValueError(
-                f"checkpoint {path} holds the state of {len(states)} policies "
-                f"({', '.join(s['class'] for s in states) or 'none'}) but "
-                f"{len(self._policy_list)} are given; resume with the same callbacks")
+        states = self._policy_states(path, meta)
         for policy, saved in zip(self._policy_list, states):
-            policy.set_state(saved["state"])
+            policy.set_state(saved)
         # Every rank must have restored the same checkpoint.
         number = float(path.rsplit("-", 1)[-1])
         agreed = _hvd.host_allreduce_mean([number, number ** 2], "keras_adapt_resume_check")
@@ -326,6 +314,38 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             raise ValueError(f"rank {_hvd.rank()} restored {path} but the workers restored "
                              f"different checkpoints: put {self.directory} on a file system "
                              "every worker sees, unchanged between their reads")
+        self._record_resume(path, meta)
+
+    def _load(self, path, meta):
+        """Restores the model, the optimizer and keras-adapt's variables and
+        the synchronisation strategy's choice from ``path`` (no collective)."""
+        model = self.model
+        if not getattr(model, "built", True) or not model.trainable_variables:
+            raise ValueError(
+                f"cannot resume from {path}: the model has no weights yet (built lazily). "
+                "Give it a keras.Input or call model.build(input_shape) before fit")
+        optimizer = model.optimizer
+        # The choice first (its variables are then overwritten by the saved ones).
+        optimizer.adapt_state.sync.set_state(meta["sync"])
+        build_slots(optimizer, model.trainable_variables)
+        self._checkpoint.restore(path).assert_existing_objects_matched()
+        acc = optimizer.adapt_state.accumulation
+        if acc is not None:
+            acc.steps_value = int(acc.steps.numpy())
+        # As after an elastic sync: the next update enters the strategy again
+        # from the restored model (BMUF's and EASGD's own models restart there).
+        optimizer.adapt_state.sync.rejoin()
+
+    def _policy_states(self, path, meta):
+        states = meta.get("policies", [])
+        if len(states) != len(self._policy_list):
+            raise ValueError(
+                f"checkpoint {path} holds the state of {len(states)} policies "
+                f"({', '.join(s['class'] for s in states) or 'none'}) but "
+                f"{len(self._policy_list)} are given; resume with the same callbacks")
+        return [saved["state"] for saved in states]
+
+    def _record_resume(self, path, meta):
         self._record("resume", f"resumed from {os.path.basename(path)}", {},
                      {"epoch": meta["epoch"], "step_in_epoch": meta["step_in_epoch"],
                       "step": meta["step"], "checkpoint": path})
@@ -335,8 +355,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         return {
             "epoch": int(epoch), "step_in_epoch": int(step_in_epoch),
             "step": self._step(), "workers": _hvd.size(), "wall_time": time.time(),
-            "sync": {"name": type(sync.strategy).__name__,
-                     "strategy": sync.strategy.name, "params": sync.strategy.params()},
+            "sync": sync.get_state(),
             "data": None if self._dataset is None else self._dataset.get_state(),
             "policies": [{"class": type(p).__name__, "state": p.get_state()}
                          for p in self._policy_list],
@@ -349,6 +368,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         """Rank 0 writes a checkpoint at (epoch, step_in_epoch); returns its path (None elsewhere)."""
         if _hvd.rank() != 0:
             return None
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory,
+                                                       max_to_keep=self.max_to_keep)
         self._epoch_var.assign(epoch)
         self._step_var.assign(step_in_epoch)
         self._meta.assign(json.dumps(self._host_state(epoch, step_in_epoch)))
@@ -361,19 +383,20 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self.events.append(event)
 
     # -- signals -----------------------------------------------------------
-    def _start_deadline(self):
-        """Called by the signal handler, after it recorded the signal."""
-        if self.deadline_s is not None:
-            self._timer = threading.Timer(self.deadline_s, self._deadline_passed)
+    def start_deadline(self, signal_name):
+        """Starts the ``deadline_s`` timer of a signal (``"SIGTERM"``): called
+        by the signal handler, after it recorded the signal."""
+        if self.deadline_s is not None and self._timer is None:
+            self._timer = threading.Timer(self.deadline_s, self._deadline_passed, [signal_name])
             self._timer.daemon = True
             self._timer.start()
 
-    def _deadline_passed(self):
+    def _deadline_passed(self, signal_name):
         if self._saved.is_set():
             return
         sys.stderr.write(
             f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within deadline_s="
-            f"{self.deadline_s} s of {self._signals.signal}; exiting with {self.exit_code}, the "
+            f"{self.deadline_s} s of {signal_name}; exiting with {self.exit_code}, the "
             f"newest checkpoint in {self.directory} is the previous one\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE if self.exit_code is None else self.exit_code)
@@ -434,7 +457,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if self.preempted and boundary:
             self.model.stop_training = True
             if self._step_in_epoch < self._steps_per_epoch:
-                self._stop(self._epoch, self._step_in_epoch)
+                self._stop(self._epoch, self._step_in_epoch, self._signals.signalled,
+                           self._schedule.interval)
             # else: the epoch's last step; on_epoch_end saves after the epoch-end callbacks
 
     def _agree(self):
@@ -445,7 +469,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.preempted:
             if self.model.stop_training and not self._saved.is_set():
-                self._stop(epoch + 1, 0)
+                self._stop(epoch + 1, 0, self._signals.signalled, self._schedule.interval)
             return
         if self.save_freq == "epoch":
             self._periodic(epoch + 1, 0)
@@ -456,21 +480,110 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                      {"epoch": epoch, "step_in_epoch": step_in_epoch,
                       "checkpoint": path or ""})
 
-    def _stop(self, epoch, step_in_epoch):
+    def _stop(self, epoch, step_in_epoch, signalled, check_interval):
         """Writes the preemption checkpoint and the ``preemption`` event (rank
         0), then waits until every rank is there: no rank exits (which makes
-        horovodrun end the job) before both are on disk."""
+        horovodrun end the job) before both are on disk. ``signalled``:
+        ``{rank: (signal name, time)}`` as agreed."""
         path = self._save(epoch, step_in_epoch)
-        signalled = self._signals.signalled
         ranks = sorted(signalled)
         first = min(t for _, t in signalled.values())
         since = time.time() - first
-        self._record("preemption", f"signal on rank {', '.join(map(str, ranks))}: all ranks "
-                     f"stopped at epoch {epoch} step {step_in_epoch}, checkpoint written", {},
+        self._record("preemption", f"{', '.join(f'{signalled[r][0]} on rank {r}' for r in ranks)}"
+                     f": all ranks stopped at epoch {epoch} step {step_in_epoch}, checkpoint "
+                     "written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
-                      "signalled_ranks": ranks, "signal_to_disk_s": since,
-                      "check_interval": self._schedule.interval,
+                      "signalled_ranks": ranks, "signals": [signalled[r][0] for r in ranks],
+                      "signal_to_disk_s": since, "check_interval": check_interval,
                       "exit_code": self.exit_code})
         _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
         self._saved.set()
         self.signal_to_disk_s = time.time() - first
+
+    # -- under keras_adapt.elastic -------------------------------------------
+    def elastic_problem(self):
+        """Why this checkpoint cannot serve an elastic job, with the fix (a
+        string), or None. Under :func:`keras_adapt.elastic.fit` it is written
+        only when every worker is signalled, and the processes must end.
+
+        Example:
+
+        >>> import tempfile
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=None).elastic_problem() is None
+        True
+        >>> print(PreemptionCheckpoint(tempfile.mkdtemp(), exit_code=None, save_freq=None)
+        ...       .elastic_problem())
+        exit_code=None (fit returns) cannot work under elastic: ...; use an exit code (default 75)
+        """
+        if self.exit_code is None:
+            return ("exit_code=None (fit returns) cannot work under elastic: the workers of a "
+                    f"stopped elastic job must end; use an exit code (default {EXIT_CODE})")
+        if self.save_freq is not None:
+            return (f"save_freq={self.save_freq!r}: under elastic the disk checkpoint is "
+                    "written when every worker is signalled (the in-memory commits cover the "
+                    "rest); make it with PreemptionCheckpoint(directory, save_freq=None)")
+        return None
+
+    def _bind(self, state):
+        self.set_model(state.model)
+        self._dataset, self._policy_list = state.dataset, list(state.policies)
+        if self.log_dir is None:
+            self.log_dir = state.log_dir
+
+    def resume_elastic(self, state):
+        """At every entry of :func:`keras_adapt.elastic.fit`, on every rank
+        (one host allreduce): at the first entry of a fresh job (no process
+        of it has trained yet), rank 0 restores the newest readable
+        checkpoint (falling back past a damaged one, with a warning) into the
+        model, the optimizer and ``state`` (a
+        :class:`~keras_adapt.elastic.KerasState`: position, data position,
+        policies), records a ``resume`` event, and ``state.sync()`` gives it
+        to every rank. Only rank 0 reads ``directory``. A worker joining a
+        running job restores nothing: the job's state reaches it by the
+        elastic sync. Returns the checkpoint's path, or None.
+
+        Example (one process: a stop written, then a fresh job resumes):
+
+        >>> import tempfile, time, keras, keras_adapt
+        >>> from keras_adapt import elastic
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> state, directory = elastic.KerasState(model, epoch=1, batch=4), tempfile.mkdtemp()
+        >>> PreemptionCheckpoint(directory, save_freq=None).stop_elastic(
+        ...     state, {0: ("SIGTERM", time.time())}, check_interval=1)
+        >>> state.epoch, state.batch = 0, 0
+        >>> path = PreemptionCheckpoint(directory, save_freq=None).resume_elastic(state)
+        >>> path.endswith("ckpt-0"), (state.epoch, state.batch)
+        (True, (1, 4))
+        """
+        self._bind(state)
+        fresh, self._elastic_entered = float(not self._elastic_entered), True
+        if _hvd.host_allreduce_mean([fresh], "keras_adapt_resume_fresh")[0] < 1.0:
+            return None  # a running job: its state is the elastic one
+        found = self.latest() if _hvd.rank() == 0 else None
+        if found is not None:
+            path, meta = found
+            self._load(path, meta)
+            state.load(meta["epoch"], meta["step_in_epoch"], data_state=meta.get("data"),
+                       policy_states=self._policy_states(path, meta))
+            self._epoch = meta["epoch"]
+            self._record_resume(path, meta)
+        number = float(found[0].rsplit("-", 1)[-1]) if found is not None else -1.0
+        number = _hvd.host_allreduce_max([number], "keras_adapt_resume_found")[0]
+        if number < 0.0:
+            return None
+        state.sync()
+        return os.path.join(self.directory, f"ckpt-{int(number)}")
+
+    def stop_elastic(self, state, signalled, check_interval):
+        """Every rank of an elastic job whose every rank was signalled, at the
+        agreed step, after ``state.commit()``: rank 0 writes the checkpoint at
+        the state's position and the ``preemption`` event, and every rank
+        waits until both are on disk. The caller then ends the process with
+        :attr:`exit_code`."""
+        self._bind(state)
+        self._epoch = int(state.epoch)
+        self.preempted = True
+        self._stop(int(state.epoch), int(state.batch), signalled, check_interval)

@@ -30,8 +30,8 @@ class SignalAgreement:
     Args:
         name: the allreduce's name (one per user, so two never mix).
         signals: the signals handled.
-        on_signal: called as ``on_signal()`` after the first signal is
-            recorded (in the handler: keep it short), or None.
+        on_signal: called as ``on_signal(signal_name)`` after the first
+            signal is recorded (in the handler: keep it short), or None.
 
     Attributes:
         requested: whether this process got a signal.
@@ -103,7 +103,7 @@ class SignalAgreement:
         self.signal = signal.Signals(signum).name
         self.signal_time = time.time()
         if self.on_signal is not None:
-            self.on_signal()
+            self.on_signal(self.signal)
 
     def agree(self, extra=()):
         """The collective: every rank must call it at the same point.

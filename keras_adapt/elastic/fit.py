@@ -1,5 +1,6 @@
 """``fit``: ``model.fit`` from the committed position of an elastic state."""
 
+from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
 from keras_adapt.elastic.callbacks import (
     CommitStateCallback,
     UpdateBatchStateCallback,
@@ -27,6 +28,16 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     added too when none is given: a worker sent SIGTERM or SIGINT (a
     preempted machine) leaves at an agreed step and the others go on
     without rollback.
+
+    A :class:`~keras_adapt.callbacks.PreemptionCheckpoint` among the
+    callbacks (made with ``save_freq=None``) keeps a whole-job preemption:
+    when every worker is signalled, the leave callback writes it at the
+    agreed step and every worker exits with its ``exit_code`` (one
+    agreement on the signal, the leave callback's, which takes the
+    checkpoint's ``check_interval`` and ``deadline_s``). Running the same
+    command again restores it at the first ``fit`` of the new job (rank 0
+    reads it, the elastic sync gives it to all) and goes on from that
+    step; a worker that joins a running job restores nothing.
 
     Args:
         state: the :class:`~keras_adapt.elastic.KerasState`.
@@ -60,10 +71,10 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     ([1, 1], 2, 0, 7)
     """
     if data is not None and data is state.dataset:
-        stream = data.dataset
+        dataset = data
 
         def data(epoch, batch):  # the stream is where the state put it
-            return stream
+            return dataset.dataset
     elif state.dataset is not None:
         raise ValueError(
             f"the state re-shards its AdaptiveBatchDataset on every reset, so fit must read "
@@ -80,18 +91,16 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     for name in ("initial_epoch", "epochs", "steps_per_epoch"):
         if name in kwargs:
             raise ValueError(f"fit sets {name} of model.fit from the state; do not pass it")
+    # The data starts at the committed position: shuffling it would lose that.
+    kwargs.setdefault("shuffle", False)
+    callbacks, leave = _with_elastic_callbacks(state, list(callbacks))
+    if leave.checkpoint is not None:
+        leave.checkpoint.resume_elastic(state)  # every entry: a fresh job restores from disk
     if state.batch >= steps_per_epoch:
         raise ValueError(
             f"state.batch={state.batch} but an epoch has steps_per_epoch={steps_per_epoch} "
             "steps; use the steps_per_epoch the state was committed with"
         )
-    # The data starts at the committed position: shuffling it would lose that.
-    kwargs.setdefault("shuffle", False)
-    callbacks = list(callbacks)
-    for cls in (UpdateBatchStateCallback, UpdateEpochStateCallback, CommitStateCallback,
-                LeaveOnSignalCallback):
-        if not any(isinstance(c, cls) for c in callbacks):
-            callbacks.append(cls(state))
     histories = []
     try:
         if state.batch > 0 and state.epoch < epochs:
@@ -106,7 +115,35 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     finally:
         # A fit left by an exception (a reset) never calls on_train_end:
         # the signal handlers must not outlive it.
-        for c in callbacks:
-            if isinstance(c, LeaveOnSignalCallback):
-                c.agreement.remove()
+        leave.agreement.remove()
     return histories
+
+
+def _with_elastic_callbacks(state, callbacks):
+    """The callbacks with the elastic ones added where missing, and the
+    leave callback, which takes a PreemptionCheckpoint given among them."""
+    checkpoints = [c for c in callbacks if isinstance(c, PreemptionCheckpoint)]
+    if len(checkpoints) > 1:
+        raise ValueError(f"{len(checkpoints)} PreemptionCheckpoint callbacks given; give one")
+    callbacks = [c for c in callbacks if not isinstance(c, PreemptionCheckpoint)]
+    leaves = [c for c in callbacks if isinstance(c, LeaveOnSignalCallback)]
+    if len(leaves) > 1:
+        raise ValueError(f"{len(leaves)} LeaveOnSignalCallback callbacks given; give one")
+    checkpoint = checkpoints[0] if checkpoints else None
+    leave = leaves[0] if leaves else None
+    if leave is not None:
+        if checkpoint is not None and leave.checkpoint is not checkpoint:
+            raise ValueError(
+                "a PreemptionCheckpoint and a LeaveOnSignalCallback are given: both would handle "
+                "the signals; give the checkpoint to the leave callback instead, "
+                "LeaveOnSignalCallback(state, ..., checkpoint=ckpt), and not as a callback")
+    for cls in (UpdateBatchStateCallback, UpdateEpochStateCallback, CommitStateCallback):
+        if not any(isinstance(c, cls) for c in callbacks):
+            callbacks.append(cls(state))
+    if not leaves:
+        options = {} if checkpoint is None else {
+            "check_interval": checkpoint.check_interval, "checkpoint": checkpoint,
+            **({} if checkpoint.deadline_s is None else {"deadline_s": checkpoint.deadline_s})}
+        leave = LeaveOnSignalCallback(state, **options)
+        callbacks.append(leave)
+    return callbacks, leave

@@ -15,7 +15,7 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
     ) from exc
 
 from keras_adapt import _hvd, events
-from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE
+from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE, PreemptionCheckpoint
 from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.optimizer import UpdateBoundary
 
@@ -40,10 +40,18 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
     :func:`~keras_adapt.elastic.run` re-forms the job without them and
     without restoring anything; the :class:`~keras_adapt.elastic.ResizeRule`
     applies and the first step after records the ``resize`` event with its
-    pause. If every rank was signalled (the whole job is stopping), all
-    exit with ``exit_code`` after the commit; keep a disk checkpoint for
-    that case (:class:`~keras_adapt.callbacks.PreemptionCheckpoint`, see
-    docs/preemption.md).
+    pause.
+
+    If every rank was signalled (the whole job is stopping, e.g. a spot
+    cluster reclaimed), the in-memory commit would die with the job: with
+    a ``checkpoint`` (a :class:`~keras_adapt.callbacks.PreemptionCheckpoint`,
+    which :func:`~keras_adapt.elastic.fit` hands over when it is among its
+    callbacks), rank 0 writes it at the agreed step (its format: the same
+    command resumes at that step), every rank waits until it is on disk,
+    the checkpoint records the ``preemption`` event and every process exits
+    with the checkpoint's ``exit_code``; its ``deadline_s`` timer starts at
+    the signal. Without one, all exit with ``exit_code`` after the commit
+    and the position is lost (see docs/preemption.md).
 
     Horovod removes the whole host of a worker that fails: give a
     preemptible machine's slots to one worker each, or all of them leave.
@@ -66,6 +74,10 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             ``EX_TEMPFAIL``; 1 to 255).
         signals: the signals that make a worker leave.
         log_dir: directory of ``adapt_events.jsonl`` (default: the state's).
+        checkpoint: a :class:`~keras_adapt.callbacks.PreemptionCheckpoint`
+            made with ``save_freq=None`` and an exit code, written when every
+            rank is signalled (None: none). It is not a Keras callback of the
+            fit then: this callback's agreement is the only one.
 
     Attributes:
         leaving: after the agreement, ``{rank: (signal name, signal time)}``
@@ -79,12 +91,12 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
     >>> cb = elastic.LeaveOnSignalCallback(elastic.KerasState(model))
-    >>> cb.check_interval, cb.exit_code, cb.leaving
-    ('auto', 75, {})
+    >>> cb.check_interval, cb.exit_code, cb.leaving, cb.checkpoint
+    ('auto', 75, {}, None)
     """
 
     def __init__(self, state, check_interval="auto", deadline_s=25.0, exit_code=EXIT_CODE,
-                 signals=SIGNALS, log_dir=None):
+                 signals=SIGNALS, log_dir=None, checkpoint=None):
         super().__init__()
         if not hasattr(state, "commit"):
             raise TypeError(f"state must be an elastic state (KerasState), got {state!r}")
@@ -102,13 +114,23 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
                              f"(default {EXIT_CODE}): with 0 Horovod ends the whole job")
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
+        if checkpoint is not None:
+            if not isinstance(checkpoint, PreemptionCheckpoint):
+                raise TypeError(f"checkpoint must be a keras_adapt.callbacks.PreemptionCheckpoint "
+                                f"or None, got {checkpoint!r}")
+            problem = checkpoint.elastic_problem()
+            if problem:
+                raise ValueError(f"PreemptionCheckpoint({checkpoint.directory!r}): {problem}")
         self.state = state
+        self.checkpoint = checkpoint
         self.check_interval = check_interval
         self.deadline_s = float(deadline_s)
         self.exit_code = exit_code
         self.log_dir = os.fspath(log_dir) if log_dir is not None else getattr(
             state, "log_dir", None)
-        self.agreement = SignalAgreement("keras_adapt_leave", signals)
+        self.agreement = SignalAgreement(
+            "keras_adapt_leave", signals,
+            on_signal=None if checkpoint is None else checkpoint.start_deadline)
         self.leaving = {}
         self.events = []
         self._schedule = CheckInterval(check_interval, self.deadline_s)
@@ -158,6 +180,11 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             self.state.commit()
         except HostsUpdatedInterrupt:
             pass  # hosts changed too: the job re-forms below anyway
+        if not stay and self.checkpoint is not None:
+            # The whole job stops: to disk (its event), then every process ends.
+            self.agreement.remove()
+            self.checkpoint.stop_elastic(self.state, self.leaving, self._agreed_interval)
+            self._exit(self.checkpoint.exit_code)
         first = min(t for _, t in self.leaving.values())
         names = ", ".join(f"{self.leaving[r][0]} on rank {r}" for r in leavers)
         where = f"epoch {self.state.epoch} step {self.state.batch}"
@@ -177,14 +204,18 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         self.events.append(event)
         self.agreement.remove()
         if rank in self.leaving or not stay:
-            # os._exit: a normal interpreter exit (TensorFlow's teardown) held
-            # the others 3-5 s longer; the driver re-forms the job only once
-            # this process has ended. The events are on disk already.
-            _hvd_tf.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(self.exit_code)
+            self._exit(self.exit_code)
         self.leaving = {}
         self.agreement.clear()
         # Leaves fit; the elastic run re-forms the job and syncs, no restore.
         raise HostsUpdatedInterrupt(False)
+
+    @staticmethod
+    def _exit(code):
+        # os._exit: a normal interpreter exit (TensorFlow's teardown) held
+        # the others 3-5 s longer; the driver re-forms the job only once
+        # this process has ended. The events are on disk already.
+        _hvd_tf.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

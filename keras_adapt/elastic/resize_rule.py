@@ -142,29 +142,32 @@ class ResizeRule:
                 "the elastic state does not re-shard; give the same AdaptiveBatchDataset to "
                 "KerasState(..., dataset=ds) (an AdaptiveBatchPipeline cannot be re-sharded: "
                 "use AdaptiveBatchDataset, or a data(epoch, batch) function)")
-        if self.mode == "none":
-            if actuator is not None:
-                actuator.workers = after
-            return {"before": {}, "after": {}}
-        lr_before = _optimizer.effective_learning_rate(optimizer)
-        if actuator is not None and actuator.micro_batch_size is not None:
-            keep = actuator.value
-            out = {"before": {"batch_size": actuator.micro_batch_size, "global_batch": keep,
-                              "accumulation": actuator.accumulation.steps, "lr": lr_before}}
+        # The batch machinery in use: the actuator's, else the rule's own batch.
+        through_actuator = actuator is not None and actuator.micro_batch_size is not None
+        out = {"before": {}, "after": {}}
+        if self.mode != "none":  # what the change starts from, read before it
+            lr_before = _optimizer.effective_learning_rate(optimizer)
+            if through_actuator:
+                keep = actuator.value
+                out["before"] = {"batch_size": actuator.micro_batch_size, "global_batch": keep,
+                                 "accumulation": actuator.accumulation.steps, "lr": lr_before}
+            else:
+                out["before"] = {"batch_size": self.per_worker_batch(before),
+                                 "global_batch": before * self.per_worker_batch(before),
+                                 "lr": lr_before}
+        if actuator is not None:
             actuator.workers = after
+        if self.mode == "none":
+            return out
+        if through_actuator:
             if self.mode == "keep":
                 actuator.set(keep)
             out["after"] = {"batch_size": actuator.micro_batch_size,
                             "global_batch": actuator.value,
                             "accumulation": actuator.accumulation.steps}
         else:
-            if actuator is not None:
-                actuator.workers = after
-            out = {"before": {"batch_size": self.per_worker_batch(before),
-                              "global_batch": before * self.per_worker_batch(before),
-                              "lr": lr_before},
-                   "after": {"batch_size": self.per_worker_batch(after),
-                             "global_batch": after * self.per_worker_batch(after)}}
+            out["after"] = {"batch_size": self.per_worker_batch(after),
+                            "global_batch": after * self.per_worker_batch(after)}
             if dataset is not None and dataset.micro_batch_size != self.per_worker_batch(after):
                 dataset.micro_batch_size = self.per_worker_batch(after)
         if self.mode == "scale":

@@ -222,6 +222,45 @@ class KerasState(ObjectState):
             p.restore(s)
         self.batch_size = self._batch_size()
 
+    def load(self, epoch, batch, data_state=None, policy_states=None):
+        """Moves this rank's state to a position saved elsewhere (a disk
+        checkpoint whose tensors are already restored into the model and the
+        optimizer) and commits it here: ``epoch`` and ``batch``, the data
+        position (``AdaptiveBatchDataset.get_state()``, re-sharded when it
+        was saved with another worker count) and the policies' states. Run
+        on rank 0 before a :meth:`sync`, which gives it to every rank.
+
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> from keras_adapt.elastic import KerasState
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> state = KerasState(model)
+        >>> state.load(2, 5)
+        >>> state.epoch, state.batch
+        (2, 5)
+        """
+        for name, value in (("epoch", epoch), ("batch", batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} is not valid; use an int >= 0")
+        self._snapshot_host()  # keras-adapt's variables and the strategy as restored
+        if data_state is not None:
+            if self.dataset is None:
+                raise ValueError("the saved state has a data position but the state has no "
+                                 "dataset; give the AdaptiveBatchDataset as KerasState(..., "
+                                 "dataset=ds), as in the run that saved it")
+            self.data_state = data_state
+        if policy_states is not None:
+            if len(policy_states) != len(self.policies):
+                raise ValueError(f"{len(policy_states)} policy states saved but the state has "
+                                 f"{len(self.policies)} policies; give the same policies=")
+            self.policy_states = list(policy_states)
+        self.epoch, self.batch = epoch, batch
+        self._load_host()
+        self._save_tensors()
+        super().save()
+
     def check_host_updates(self):
         """Raises ``HostsUpdatedInterrupt`` on every rank at the same commit
         when the driver announced hosts added or removed to any of them.

@@ -22,6 +22,10 @@ AdaptiveBatchDataset over the same global batches in order (unshuffled rows
 ``step_indices`` of every step) driven by a GlobalBatchSize, given to the
 state, which re-shards it on every reset; the rule acts through them.
 
+``--checkpoint DIR``: a PreemptionCheckpoint(DIR, save_freq=None) among the
+callbacks: when every worker is signalled it is written and every worker
+exits with 75; the same command again resumes from it.
+
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
 discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
@@ -46,7 +50,7 @@ import tensorflow as tf
 import keras_adapt
 from keras_adapt import elastic
 from keras_adapt.actuators import GlobalBatchSize
-from keras_adapt.callbacks import GradientStatsMonitor
+from keras_adapt.callbacks import GradientStatsMonitor, PreemptionCheckpoint
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.policies import ResizePolicy
 from keras_adapt.sync import LocalSGD
@@ -69,6 +73,7 @@ parser.add_argument("--request-workers", type=int, default=None)
 parser.add_argument("--request-at", type=int, default=None)
 parser.add_argument("--sync", default=None, help="local_sgd:H")
 parser.add_argument("--adaptive-data", action="store_true")
+parser.add_argument("--checkpoint", default=None)
 args = parser.parse_args()
 
 DIM, SAMPLES = 8, 4096
@@ -186,6 +191,8 @@ commit = elastic.CommitStateCallback(
 # Horovod's example order (commit first): the commit must still see the step.
 callbacks = [commit, elastic.UpdateBatchStateCallback(state),
              elastic.UpdateEpochStateCallback(state), GradientStatsMonitor(interval=5), recorder]
+if args.checkpoint is not None:
+    callbacks.append(PreemptionCheckpoint(args.checkpoint, save_freq=None, log_dir=args.log_dir))
 if args.request_workers is not None:
     callbacks.append(RequestAt(state, args.request_at, args.request_workers))
 syncs = []
