@@ -113,8 +113,8 @@ SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluatio
 # is still chosen per task, see the module docstring).
 GNS_SETTINGS = {"hysteresis": 0.25, "min_change_interval": 100, "warmup_updates": 50,
                 "interval": 10}
-GOODPUT_SETTINGS = {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
-                    "measure_updates": 10, "interval": 10}
+#: GoodputBatchSizePolicy runs with the library's defaults on every task.
+GOODPUT_SETTINGS = {}
 TEACHER = {"dim": 8, "hidden": 32}  # keras_adapt.data.teacher_student's teacher
 
 # Per task: data, model, batch bounds, sample budget, evaluation grid,
