@@ -227,12 +227,64 @@ def launch(args):
         extra += ["--set", item]
     if args.configs:
         extra += ["--configs", *args.configs]
-    t0 = time.perf_counter()
-    result = run_on_workers(__file__, extra, "time_to_accuracy_")
-    if args.tune:
-        report_tuning(result)
-    else:
-        report(result, time.perf_counter() - t0, args.curves)
+    results = []
+    for i in range(args.repeats):
+        if args.repeats > 1:
+            print(f"\n=== repeat {i + 1} of {args.repeats}")
+        t0 = time.perf_counter()
+        result = run_on_workers(__file__, extra, "time_to_accuracy_")
+        if args.tune:
+            report_tuning(result)
+        else:
+            report(result, time.perf_counter() - t0, args.curves)
+            results.append(result)
+    if len(results) > 1:
+        report_repeats(results)
+
+
+#: What the summary over repeats gives the median, min and max of.
+REPEAT_KEYS = tuple(f"{prefix}{key}_vs_{base}" for prefix in ("", "goodput_")
+                    for base in ("small", "best_fixed")
+                    for key in ("speedup", "update_ratio", "acc_delta"))
+
+
+def _spread(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return {"median": round(median, 4), "min": values[0], "max": values[-1], "n": len(values)}
+
+
+def report_repeats(results):
+    """Per task, over the repeats: each comparison's and each run's median,
+    min and max, and each policy's decisions (its batch trajectory) per
+    repeat, with whether they were the same every time."""
+    for task in results[0]["tasks"]:
+        per = [r["tasks"][task] for r in results]
+        lines = [summary(task, r, res) for r, res in zip(results, per)]
+        out = {"bench": "time_to_accuracy_repeats", "task": task, "repeats": len(results)}
+        print(f"\nover {len(results)} repeats, task={task}: median [min, max]")
+        for key in REPEAT_KEYS:
+            if any(key in line for line in lines):
+                out[key] = dict(_spread(line.get(key) for line in lines) or {},
+                                values=[line.get(key) for line in lines])
+        for config in per[0]["runs"]:
+            for key in ("updates_to_target", "wall_to_target", "final"):
+                out[f"{config}_{key}"] = dict(
+                    _spread(res["runs"][config][key] for res in per) or {},
+                    values=[res["runs"][config][key] for res in per])
+            if config in ("gns", "goodput"):
+                paths = [res["runs"][config]["trajectory"] for res in per]
+                out[f"{config}_decisions"] = paths
+                out[f"{config}_same_decisions"] = all(p == paths[0] for p in paths)
+        for key, value in out.items():
+            if isinstance(value, dict) and "median" in value:
+                print(f"  {key:34s} {value['median']:10.4g} [{value['min']:.4g}, {value['max']:.4g}]")
+            elif key.endswith("_same_decisions"):
+                print(f"  {key:34s} {value}")
+        print(json.dumps(out))
 
 
 def _fmt(v, spec):
@@ -610,9 +662,14 @@ def main():
                              f"{', '.join(QUICK_TASKS)}")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, help="a subset of configurations")
     parser.add_argument("--curves", action="store_true", help="also print the accuracy curves")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="run everything N times (fresh workers each time) and summarise "
+                             "the spread: median, min and max, and the policies' decisions")
     parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
                         help="override a task setting, e.g. digits.passes=10")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} is not valid; use an int >= 1")
     if args.tasks is None:
         args.tasks = list(QUICK_TASKS if args.quick else TASKS)
     worker(args) if args.worker else launch(args)

@@ -46,7 +46,7 @@ class GoodputChoice:
 
     Example:
 
-    >>> from keras_adapt.policies.goodput_batch_size import GoodputChoice
+    >>> from keras_adapt.policies import GoodputChoice
     >>> GoodputChoice(64, "efficiency 0.9 at 64", "flat", "too few configurations").batch
     64
     """
@@ -97,7 +97,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     efficiency E make the progress of E x S at the base batch. The floor
     caps that loss: every sample keeps at least ``min_efficiency`` of its
     worth at ``min_batch``. E(M) >= e means M <= (phi + M0)/e - phi: with
-    the default 0.7, ``M <= 0.43 phi + 1.43 M0``, well below the critical
+    the default 0.75, ``M <= phi/3 + 4 M0/3``, a third of the critical
     batch phi, where McCandlish et al. put the "two times the minimal
     samples" point (E = 0.5 from a small base). One doubling per decision
     keeps the noise scale (whose moving average lags) and the learning
@@ -109,8 +109,9 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
 
     Args:
         min_batch, max_batch: bounds of the global batch.
-        min_efficiency: the floor on E(M) (0 < min_efficiency <= 1; 0.7).
-        hysteresis: relative goodput gain required for a change (>= 0).
+        min_efficiency: the floor on E(M) (0 < min_efficiency <= 1; 0.75).
+        hysteresis: relative goodput gain required for a change, and the
+            dead band below ``min_efficiency`` before a move down (>= 0).
         confidence: standard errors of the predicted step times held
             against a move (>= 0; 2: about 95%).
         min_change_interval: updates between changes.
@@ -129,10 +130,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     >>> policy = GoodputBatchSizePolicy(min_batch=32, max_batch=512, micro_batch_size=32)
     >>> policy.candidates()
     [32, 64, 128, 256, 512]
-    >>> policy.choose(32, gns=200.0).batch     # flat step times: E(64) = 232/264 >= 0.7
+    >>> policy.choose(32, gns=200.0).batch     # flat step times: E(64) = 232/264 >= 0.75
     64
-    >>> policy.choose(128, gns=200.0).batch    # E(256) = 232/456 < 0.7: stay
-    128
+    >>> policy.choose(64, gns=200.0).batch     # E(128) = 232/328 < 0.75: stay
+    64
     """
 
     needs_statistics = True
@@ -142,9 +143,9 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
                  throughput_model=None, **kwargs):
         super().__init__(min_batch, max_batch, **kwargs)
         self.min_efficiency = _check_float("min_efficiency", min_efficiency, 0.0, 1.0,
-                                           "a fraction in (0, 1], e.g. 0.7")
+                                           "a fraction in (0, 1], e.g. 0.75")
         if self.min_efficiency == 0.0:
-            raise ValueError("min_efficiency=0 is not valid; use a fraction in (0, 1], e.g. 0.7 "
+            raise ValueError("min_efficiency=0 is not valid; use a fraction in (0, 1], e.g. 0.75 "
                              "(0 would let the batch grow without bound)")
         self.hysteresis = _check_float("hysteresis", hysteresis, 0.0, math.inf, "a float >= 0")
         self.confidence = _check_float("confidence", confidence, 0.0, math.inf, "a float >= 0")
