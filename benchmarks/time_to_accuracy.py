@@ -360,6 +360,8 @@ def report(result, elapsed, curves=False):
             for c, r in runs.items():
                 print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
                       " ".join(f"({a},{u},{w:.1f},{acc:.3f},{b},{g})" for a, u, w, acc, b, g in r["curve"]))
+                for step, before, after, reason in r.get("decisions", []):
+                    print(f"    update {step}: batch {before} -> {after} ({reason})")
         line = summary(task, result, res)
         if "gns" in runs:
             print(f"met: {line['met']}  (speedup_vs_small {line['speedup_vs_small']}, "
@@ -638,6 +640,9 @@ def worker(args):
             "trajectory": tracker.trajectory,
             "curve": tracker.curve,
             "events": len(policy.events) if policy else 0,
+            "decisions": [[e["step"], e["before"]["batch_size"], e["after"]["batch_size"],
+                           e["reason"]] for e in (policy.events if policy else [])
+                          if e["kind"] == "batch_size"],
         }
 
     result = {
