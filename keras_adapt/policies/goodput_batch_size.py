@@ -283,7 +283,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         if choice.batch != current:
             reason = choice.reason
             if choice.step_times == "flat":
-                reason += f"; step times flat: {choice.fit_reason}"
+                reason += f"; throughput fit not usable: {choice.fit_reason}"
             if self.change_batch(choice.batch, reason, values) is not None:
                 self._interval_time, self._interval_updates = 0.0, 0
 
