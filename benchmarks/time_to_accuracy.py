@@ -28,14 +28,15 @@ sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
   reach the target and end within 0.5 points of the most accurate fixed
   run, the fastest to the target: the batch and rate a user would have
   tuned;
-* ``gns``     ``GNSBatchSizePolicy`` (batch -> 1 x the measured noise
-  scale): starts at the small batch with the small batch's LR; the batch
-  grows through the dataset's micro-batch, the LR by AdaScale's gain;
+* ``gns``     ``GNSBatchSizePolicy`` with the library's defaults (batch ->
+  1 x the measured noise scale, the LR scaled linearly with it): starts at
+  the small batch with the small batch's LR; the batch grows through the
+  dataset's micro-batch;
 * ``goodput`` ``GoodputBatchSizePolicy`` with the library's defaults (no
-  per-task setting): same start, same rule; one doubling per decision while
-  goodput pays and every sample keeps efficiency >= 0.75, step times from
-  its throughput model or flat while that model's fit is not usable
-  (docs/policies.md).
+  per-task setting): same start, the AdaScale rule; one doubling per
+  decision while goodput pays and every sample keeps efficiency >= 0.75,
+  step times from its throughput model or flat while that model's fit is
+  not usable (docs/policies.md).
 
 Tasks: ``teacher_student`` (``keras_adapt.data.teacher_student``, 8-dim
 inputs, 10 classes, 5% label noise; 50k train, 10k test; its noise scale
@@ -80,26 +81,24 @@ the best final accuracy. Found: teacher_student small 0.02 (grid 0.005-0.1),
 large 1.28 (grid 0.16-2.56; 2.56 and 5.12 diverge); teacher_student_wide
 small 0.05 (grid 0.005-0.1), large not yet tuned (0.4, the square-root
 scaled rate; the sweep tries five rates at 2048 anyway); digits small 0.1
-(grid 0.01-0.2), large 0.2 (grid 0.1-1.6). The policies reuse the small batch's LR
-untouched, with the AdaScale rule; the goodput policy's own settings are
-the library's defaults, the GNS policy's too except
-``min_change_interval=100``, the AdaScale rule (linear scaling diverged for
-the goodput policy on digits when it jumped to 512: 16 x 0.1) and the GNS
-policy's ``gns_multiple``, chosen per task from a 3-point grid {1, 0.5,
-0.25} (smaller than the baselines' 5-point LR grids): teacher_student 0.25
-(1.0 reached the target 5.2x sooner but ended 1.9 points below the small
-batch; 0.5: 2.7x, -1.0; 0.25: 2.2x, -0.4), digits 1.0 (its noise scale,
-about 25 -> 70, leaves a smaller multiple at the minimum batch).
+(grid 0.01-0.2), large 0.2 (grid 0.1-1.6). The policies reuse the small
+batch's LR untouched. ``GNSBatchSizePolicy`` gets only what the benchmark
+must give (bounds, dataset, largest micro-batch): every other setting is the
+library's default, the same on every task (docs/policies.md, "When adaptive
+batch size pays off", says how they were chosen). ``GoodputBatchSizePolicy``
+runs the library's defaults too (how they were chosen: below), with the
+AdaScale rule (linear scaling diverged for it on digits when it jumped to
+512: 16 x 0.1).
 
 Baselines run ``keras_adapt.DistributedOptimizer(gradient_stats=False)``
 (no monitoring cost); the policies pay for their statistics. Each worker is
 pinned to its own core with one TensorFlow thread. On a shared machine the
 wall times move by several percent between runs: ``--repeats N`` runs
-everything N times (fresh workers each time) and prints, per task, the
-median, min and max of every comparison and of each run's updates, wall
-time to the target and final accuracy, and each policy's decisions (its
-batch trajectory) per repeat with whether they were the same every time
-(one ``{"bench": "time_to_accuracy_repeats", ...}`` line per task).
+every configuration N times and reports the run with the median wall time
+to the target, every run's wall time (``wall_to_target_runs``) and, for
+the policies, every run's decisions (``trajectory_runs``: the batch
+trajectory) and whether they were the same each time
+(``same_decisions``): timing noise must not change them.
 
 How the goodput policy's defaults were chosen (updates to the target and
 final accuracy; the fixed runs from one sweep): pure goodput with flat
@@ -131,12 +130,11 @@ EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
 
-# The policies' settings on every task (GNSBatchSizePolicy's gns_multiple
-# is still chosen per task, see the module docstring).
-GNS_SETTINGS = {"hysteresis": 0.25, "min_change_interval": 100, "warmup_updates": 50,
-                "interval": 10}
-#: GoodputBatchSizePolicy runs with the library's defaults on every task.
-GOODPUT_SETTINGS = {}
+# The policies' settings on every task. GNSBatchSizePolicy runs with the
+# library's defaults (its learning-rate rule included): only the bounds,
+# the data and the largest micro-batch are given.
+GNS_SETTINGS = {}
+GOODPUT_SETTINGS = {}  # GoodputBatchSizePolicy: the library's defaults too
 TEACHER = {"dim": 8, "hidden": 32}  # keras_adapt.data.teacher_student's teacher
 
 # Per task: data, model, batch bounds, sample budget, evaluation grid,
@@ -151,9 +149,7 @@ TASKS = {
         "target": 0.83,
         "lr_small": 0.02, "lr_large": 1.28,
         "rule": "adascale",
-        # A batch at a quarter of the noise scale keeps more of the small
-        # batch's sample efficiency on this task (see the module docstring).
-        "gns": dict(GNS_SETTINGS, gns_multiple=0.25),
+        "gns": GNS_SETTINGS,
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
     },
@@ -171,7 +167,7 @@ TASKS = {
         # 0.8504); lr_large is the square-root-scaled rate, not yet tuned.
         "lr_small": 0.05, "lr_large": 0.4,
         "rule": "adascale",
-        "gns": dict(GNS_SETTINGS, gns_multiple=0.25),
+        "gns": GNS_SETTINGS,
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.2, 0.4, 0.8, 1.6, 3.2]},
     },
@@ -184,7 +180,7 @@ TASKS = {
         "target": 0.975,
         "lr_small": 0.1, "lr_large": 0.2,
         "rule": "adascale",
-        "gns": dict(GNS_SETTINGS, gns_multiple=1.0),
+        "gns": GNS_SETTINGS,
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.01, 0.02, 0.05, 0.1, 0.2], "large": [0.1, 0.2, 0.4, 0.8, 1.6]},
     },
@@ -249,64 +245,13 @@ def launch(args):
         extra += ["--set", item]
     if args.configs:
         extra += ["--configs", *args.configs]
-    results = []
-    for i in range(args.repeats):
-        if args.repeats > 1:
-            print(f"\n=== repeat {i + 1} of {args.repeats}")
-        t0 = time.perf_counter()
-        result = run_on_workers(__file__, extra, "time_to_accuracy_")
-        if args.tune:
-            report_tuning(result)
-        else:
-            report(result, time.perf_counter() - t0, args.curves)
-            results.append(result)
-    if len(results) > 1:
-        report_repeats(results)
-
-
-#: What the summary over repeats gives the median, min and max of.
-REPEAT_KEYS = tuple(f"{prefix}{key}_vs_{base}" for prefix in ("", "goodput_")
-                    for base in ("small", "best_fixed")
-                    for key in ("speedup", "update_ratio", "acc_delta"))
-
-
-def _spread(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-    return {"median": round(median, 4), "min": values[0], "max": values[-1], "n": len(values)}
-
-
-def report_repeats(results):
-    """Per task, over the repeats: each comparison's and each run's median,
-    min and max, and each policy's decisions (its batch trajectory) per
-    repeat, with whether they were the same every time."""
-    for task in results[0]["tasks"]:
-        per = [r["tasks"][task] for r in results]
-        lines = [summary(task, r, res) for r, res in zip(results, per)]
-        out = {"bench": "time_to_accuracy_repeats", "task": task, "repeats": len(results)}
-        print(f"\nover {len(results)} repeats, task={task}: median [min, max]")
-        for key in REPEAT_KEYS:
-            if any(key in line for line in lines):
-                out[key] = dict(_spread(line.get(key) for line in lines) or {},
-                                values=[line.get(key) for line in lines])
-        for config in per[0]["runs"]:
-            for key in ("updates_to_target", "wall_to_target", "final"):
-                out[f"{config}_{key}"] = dict(
-                    _spread(res["runs"][config][key] for res in per) or {},
-                    values=[res["runs"][config][key] for res in per])
-            if config in ("gns", "goodput"):
-                paths = [res["runs"][config]["trajectory"] for res in per]
-                out[f"{config}_decisions"] = paths
-                out[f"{config}_same_decisions"] = all(p == paths[0] for p in paths)
-        for key, value in out.items():
-            if isinstance(value, dict) and "median" in value:
-                print(f"  {key:34s} {value['median']:10.4g} [{value['min']:.4g}, {value['max']:.4g}]")
-            elif key.endswith("_same_decisions"):
-                print(f"  {key:34s} {value}")
-        print(json.dumps(out))
+    extra += ["--repeats", args.repeats]
+    t0 = time.perf_counter()
+    result = run_on_workers(__file__, extra, "time_to_accuracy_")
+    if args.tune:
+        report_tuning(result)
+    else:
+        report(result, time.perf_counter() - t0, args.curves)
 
 
 def _fmt(v, spec):
@@ -330,7 +275,7 @@ def report(result, elapsed, curves=False):
         runs = res["runs"]
         print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
               f"2 workers, Gloo; budget {s['passes']:g} passes of {res['train_size']} samples, "
-              f"target {s['target']:.3f}, LR rule {s['rule']}")
+              f"target {s['target']:.3f}, LR rule {s['rule']} (gns: the library's default)")
         print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'wall':>7s} "
               f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
         for c, r in runs.items():
@@ -339,6 +284,13 @@ def report(result, elapsed, curves=False):
             print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {r['wall']:6.2f}s "
                   f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
                   f"{r['final']:7.4f}")
+        for c, r in runs.items():
+            walls = r.get("wall_to_target_runs") or []
+            if len(walls) > 1:
+                print(f"  {c} wall@tgt over {len(walls)} runs: "
+                      + " ".join(_fmt(w, ".2f") for w in walls)
+                      + (f"; same decisions in every run: {r['same_decisions']}"
+                         if c in ("gns", "goodput") else ""))
         sweep = res.get("sweep") or []
         if sweep:
             best = best_fixed(res)
@@ -492,10 +444,39 @@ def summary(task, result, res):
                      "wall_to_target": None if r["wall_to_target"] is None
                      else round(r["wall_to_target"], 3),
                      "final": round(r["final"], 4),
+                     "wall_to_target_runs": [None if w is None else round(w, 3)
+                                             for w in r.get("wall_to_target_runs", [])],
+                     "same_decisions": r.get("same_decisions"),
                      "batch_trajectory": r["trajectory"]}
                  for c, r in runs.items()},
     )
     return line
+
+
+def repeated(repeats, run, *args):
+    """Runs ``run(*args)`` ``repeats`` times; returns the run with the median
+    wall time to the target (never reached counts as slowest), with every
+    run's wall time to the target in ``wall_to_target_runs``; for runs that
+    carry a ``trajectory`` (the batch trajectory: a policy's decisions), every
+    run's in ``trajectory_runs`` and whether they were all the same in
+    ``same_decisions``.
+
+    The runs are seeded alike, so their updates and accuracies agree: the
+    repeats measure the spread of the wall times on a busy machine.
+
+    >>> runs = iter([{"wall_to_target": 3.0}, {"wall_to_target": None}, {"wall_to_target": 2.0}])
+    >>> repeated(3, lambda: next(runs))
+    {'wall_to_target': 3.0, 'wall_to_target_runs': [3.0, None, 2.0]}
+    """
+    results = [run(*args) for _ in range(repeats)]
+    walls = [r["wall_to_target"] for r in results]
+    ordered = sorted(results, key=lambda r: (r["wall_to_target"] is None,
+                                             r["wall_to_target"] or 0.0))
+    out = dict(ordered[(len(ordered) - 1) // 2], wall_to_target_runs=walls)
+    if all("trajectory" in r for r in results):
+        paths = [r["trajectory"] for r in results]
+        out.update(trajectory_runs=paths, same_decisions=all(p == paths[0] for p in paths))
+    return out
 
 
 # ------------------------------------------------------------------ worker
@@ -621,9 +602,10 @@ def worker(args):
         policy = None
         if adaptive:
             cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
+            # The GNS policy keeps its own (default) learning-rate rule.
+            rule = {} if config == "gns" else {"scaling_rule": s["rule"]}
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
-                         max_micro_batch_size=s["max_batch"] // workers,
-                         scaling_rule=s["rule"], **s[config])
+                         max_micro_batch_size=s["max_batch"] // workers, **rule, **s[config])
             callbacks.append(policy)
         budget = int(s["passes"] * len(x))
         tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
@@ -673,11 +655,11 @@ def worker(args):
                         for lr in sweep_rates(s, batch, args.quick):
                             if "large" in configs and (batch, lr) == (s["max_batch"], s["lr_large"]):
                                 continue  # that run is "large"
-                            r = run(name, s, data, config, lr, batch)
+                            r = repeated(args.repeats, run, name, s, data, config, lr, batch)
                             sweep.append(dict(r, batch=batch, curve=None))
                     continue
                 lr = s["lr_large"] if config == "large" else s["lr_small"]
-                runs[config] = run(name, s, data, config, lr)
+                runs[config] = repeated(args.repeats, run, name, s, data, config, lr)
             result["tasks"][name] = {"settings": s, "runs": runs, "sweep": sweep,
                                      "train_size": len(data[0])}
     write_result(args.out, rank, result)
@@ -693,9 +675,9 @@ def main():
                              f"{', '.join(QUICK_TASKS)}")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, help="a subset of configurations")
     parser.add_argument("--curves", action="store_true", help="also print the accuracy curves")
-    parser.add_argument("--repeats", type=int, default=1, metavar="N",
-                        help="run everything N times (fresh workers each time) and summarise "
-                             "the spread: median, min and max, and the policies' decisions")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every configuration N times (same seeds: the same updates and "
+                             "accuracies) and report the median wall time and every run's")
     parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
                         help="override a task setting, e.g. digits.passes=10")
     args = parser.parse_args()

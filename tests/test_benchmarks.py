@@ -50,6 +50,63 @@ def test_time_to_accuracy_quick():
             assert prefix + "speedup_vs_best_fixed" in line
 
 
+def _time_to_accuracy_benchmark():
+    """benchmarks/time_to_accuracy.py as a module (it imports its sibling _workers)."""
+    import importlib.util
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "time_to_accuracy_benchmark", os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    return module
+
+
+def test_time_to_accuracy_repeats_keep_the_median_run():
+    repeated = _time_to_accuracy_benchmark().repeated
+    walls = iter([5.0, None, 2.0, 4.0, 3.0])
+    calls = []
+
+    def run(tag):
+        calls.append(tag)
+        return {"tag": len(calls), "wall_to_target": next(walls)}
+
+    out = repeated(5, run, "gns")
+    assert calls == ["gns"] * 5
+    # ordered 2.0, 3.0, 4.0, 5.0, never: the median is run 4 (4.0)
+    assert out == {"tag": 4, "wall_to_target": 4.0,
+                   "wall_to_target_runs": [5.0, None, 2.0, 4.0, 3.0]}
+    walls = iter([None, 1.0])
+    assert repeated(2, run, "x")["wall_to_target"] == 1.0  # even: the lower middle
+    # a policy's decisions (its batch trajectory) in every run, and whether they agree
+    paths = iter([[[1, 32], [51, 64]], [[1, 32], [51, 64]], [[1, 32], [61, 64]]])
+    walls = iter([1.0, 2.0, 3.0])
+
+    def policy_run():
+        return {"wall_to_target": next(walls), "trajectory": next(paths)}
+
+    out = repeated(3, policy_run)
+    assert out["trajectory"] == [[1, 32], [51, 64]] and out["same_decisions"] is False
+    assert out["trajectory_runs"] == [[[1, 32], [51, 64]]] * 2 + [[[1, 32], [61, 64]]]
+    paths, walls = iter([[[1, 32]]] * 2), iter([1.0, 1.0])
+    assert repeated(2, policy_run)["same_decisions"] is True
+
+
+@pytest.mark.primary_only
+def test_time_to_accuracy_repeats_every_run():
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
+           "--tasks", "digits", "--configs", "small", "gns", "--repeats", "2"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    for run in line["configs"].values():
+        assert len(run["wall_to_target_runs"]) == 2
+        assert run["wall_to_target"] in run["wall_to_target_runs"]
+
+
 def _perf_model_benchmark():
     """benchmarks/perf_model.py as a module (it imports its sibling _workers)."""
     import importlib.util
@@ -309,48 +366,3 @@ def test_resize_latency_quick():
     # asserted on this shared machine).
     assert line["commit_ratio"] > 1.0
     assert line["commit_interval"] >= 1 and line["commit_ms"] > 0 and line["step_ms"] > 0
-
-
-def test_time_to_accuracy_summary_over_repeats(capsys):
-    # The summary of --repeats on three made-up repeats: the spread of each
-    # comparison and each run, and whether a policy decided alike each time.
-    import importlib.util
-
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "time_to_accuracy_benchmark", os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"))
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
-
-    def run(wall, updates, final, trajectory):
-        return {"lr": 0.1, "updates": 100, "wall": 9.0, "updates_to_target": updates,
-                "wall_to_target": wall, "final": final, "trajectory": trajectory,
-                "batches": [b for _, b in trajectory], "curve": []}
-
-    settings = {"target": 0.9, "passes": 3.0, "rule": "adascale", "min_batch": 32,
-                "max_batch": 512}
-    grow, late = [[1, 32], [51, 64]], [[1, 32], [61, 64]]
-    results = [{"stack": "primary", "versions": "v", "tasks": {"digits": {
-        "settings": settings, "sweep": [], "train_size": 1300,
-        "runs": {"small": run(4.0, 400, 0.98, [[1, 32]]),
-                 "goodput": run(wall, updates, final, path)}}}}
-        for wall, updates, final, path in ((1.0, 100, 0.975, grow), (2.0, 200, 0.978, grow),
-                                           (4.0, None, 0.970, late))]
-    bench.report_repeats(results)
-    (line,) = [json.loads(l) for l in capsys.readouterr().out.splitlines()
-               if l.startswith('{"bench": "time_to_accuracy_repeats"')]
-    assert line["task"] == "digits" and line["repeats"] == 3
-    # speedups 4/1, 4/2, 4/4; update ratios 400/100, 400/200 (the third never reached it)
-    assert line["goodput_speedup_vs_small"] == {"median": 2.0, "min": 1.0, "max": 4.0, "n": 3,
-                                                "values": [4.0, 2.0, 1.0]}
-    assert line["goodput_update_ratio_vs_small"] == {"median": 3.0, "min": 2.0, "max": 4.0,
-                                                     "n": 2, "values": [4.0, 2.0, None]}
-    assert line["goodput_acc_delta_vs_small"]["values"] == [-0.5, -0.2, -1.0]
-    assert line["goodput_acc_delta_vs_small"]["median"] == -0.5
-    assert line["goodput_final"]["median"] == 0.975
-    assert line["goodput_decisions"] == [grow, grow, late]
-    assert line["goodput_same_decisions"] is False
-    assert "small_decisions" not in line  # a fixed batch decides nothing

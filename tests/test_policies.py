@@ -142,6 +142,44 @@ def test_gns_policy_moves_lr_with_the_rule_and_writes_events(tmp_path):
     assert lines[0]["before"]["batch_size"] == 16 * n and lines[0]["after"]["batch_size"] == 64 * n
 
 
+def test_gns_policy_defaults_follow_the_noise_scale_with_linear_lr():
+    # The library's defaults (the time-to-accuracy benchmark runs with them):
+    # gns_multiple 1, hysteresis 0.25, a change at most every 20 updates,
+    # 50 warm-up updates, the learning rate scaled linearly with the batch.
+    model = _model(lr=0.1)
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
+                                warmup_updates=0)
+    assert (policy.gns_multiple, policy.hysteresis, policy.min_change_interval,
+            GNSBatchSizePolicy(16, 256).warmup_updates) == (1.0, 0.25, 20, 50)
+    assert policy.get_config()["scaling_rule"] == {"name": "linear", "warmup_steps": 0}
+    script = [
+        (10, 19.0 * n),   # 19n < 1.25 x 16n = 20n: inside the band
+        (20, 32.0 * n),   # grow to 1 x 32n (k = 2)
+        (30, 128.0 * n),  # 10 updates since the change (< 20): wait
+        (40, 128.0 * n),  # 20 since the change: grow to 128n (k = 8)
+        (60, 150.0 * n),  # 150n < 1.25 x 128n = 160n: inside the band
+    ]
+    assert _drive(policy, model, script) == [(20, 16 * n, 32 * n), (40, 32 * n, 128 * n)]
+    lrs = [(e["step"], e["after"]["lr_factor"], e["after"]["lr"])
+           for e in policy.events if e["kind"] == "lr"]
+    # linear: factor B / B0 = 2 then 8 on the configured 0.1
+    assert [(s, f) for s, f, _ in lrs] == [(20, 2.0), (40, 8.0)]
+    assert [lr for _, _, lr in lrs] == pytest.approx([0.2, 0.8], rel=1e-6)
+    assert policy.lr_follower.lr.current_lr() == pytest.approx(0.8, rel=1e-6)
+
+
+def test_gns_policy_without_a_rule_leaves_the_learning_rate():
+    model = _model(lr=0.1)
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
+                                scaling_rule=None, warmup_updates=0, interval=10)
+    assert _drive(policy, model, [(10, 64.0 * n)]) == [(10, 16 * n, 64 * n)]
+    assert [e["kind"] for e in policy.events] == ["batch_size"]
+    assert policy.lr_follower is None
+    assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.1)
+
+
 def test_gns_policy_in_a_real_fit_grows_the_batch_through_accumulation():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4096, 4)).astype("float32")
@@ -173,7 +211,8 @@ def test_lr_scaling_policy_follows_batch_events_at_the_same_step():
     model = _model(lr=0.1)
     n = keras_adapt.size()
     gns_policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
-                                    warmup_updates=0, min_change_interval=0, interval=10)
+                                    scaling_rule=None, warmup_updates=0, min_change_interval=0,
+                                    interval=10)
     lr_policy = LRScalingPolicy("linear", base_batch=16 * n, micro_batch_size=16, interval=10)
     lr_policy.set_model(model)
     lr_policy.on_train_begin()

@@ -37,6 +37,18 @@ class GNSBatchSizePolicy(BatchSizePolicy):
 
     A noise scale that is not finite (nothing resolved yet) changes nothing.
 
+    The defaults were chosen on ``benchmarks/time_to_accuracy.py`` (see
+    docs/policies.md, "When adaptive batch size pays off"): the batch goes
+    to the critical batch (``gns_multiple`` 1: about twice the minimal
+    updates and twice the minimal samples, McCandlish et al.), the learning
+    rate scales linearly with it (the small batch's progress per sample;
+    AdaScale's gain, about half the scale at the critical batch, expects a
+    schedule that runs on its progress, and under a fixed sample budget it
+    ended 1.2 points lower there), and a change may follow the last after
+    ``min_change_interval`` 20 updates: the statistics' moving average
+    already lags by about 100 updates, so the interval need not add as much
+    again.
+
     Args:
         min_batch, max_batch: bounds of the global batch.
         gns_multiple: target = gns_multiple x B_simple (> 0).
@@ -45,9 +57,12 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         warmup_updates: optimizer updates the statistics must cover before
             the first decision (independent of ``stats_interval``).
         allow_decrease: also shrink the batch when the noise scale falls.
+        scaling_rule: how the learning rate follows the batch (default
+            ``"linear"``: lr x B / base_batch, Goyal et al.); ``None`` leaves
+            it alone (e.g. when an :class:`LRScalingPolicy` drives it).
         **kwargs: see :class:`BatchSizePolicy` (``dataset``,
-            ``micro_batch_size``, ``max_micro_batch_size``, ``scaling_rule``,
-            ``base_batch``, ``interval``, ``log_dir``, ``verbose``).
+            ``micro_batch_size``, ``max_micro_batch_size``, ``base_batch``,
+            ``interval``, ``log_dir``, ``verbose``).
 
     Example:
 
@@ -66,8 +81,9 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     needs_statistics = True
 
     def __init__(self, min_batch, max_batch, gns_multiple=1.0, hysteresis=0.25,
-                 min_change_interval=100, warmup_updates=50, allow_decrease=False, **kwargs):
-        super().__init__(min_batch, max_batch, **kwargs)
+                 min_change_interval=20, warmup_updates=50, allow_decrease=False,
+                 scaling_rule="linear", **kwargs):
+        super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
         self.gns_multiple = _check_nonneg_float("gns_multiple", gns_multiple, positive=True)
         self.hysteresis = _check_nonneg_float("hysteresis", hysteresis)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)

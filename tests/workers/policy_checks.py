@@ -87,7 +87,7 @@ results["rebatch"]["changes"] = ds.changes
 # accumulate: k grows; LRScalingPolicy follows every batch event
 model = build()
 gns = GNSBatchSizePolicy(min_batch=16, max_batch=256, micro_batch_size=8, warmup_updates=20,
-                         min_change_interval=20, interval=10)
+                         min_change_interval=20, interval=10, scaling_rule=None)
 lr = LRScalingPolicy("linear", base_batch=16, micro_batch_size=8, interval=10)
 # Each rank trains on its own shard: identical batches would carry no noise.
 run("accumulate", model, [gns, lr], dict(x=x[rank::size], y=y[rank::size], batch_size=8,
