@@ -6,6 +6,7 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
     .venv-keras2/bin/python benchmarks/time_to_accuracy.py   # legacy stack
     .venv/bin/python benchmarks/time_to_accuracy.py --quick  # smoke run (~1 min, two tasks)
     .venv/bin/python benchmarks/time_to_accuracy.py --tune   # the LR grids
+    .venv/bin/python benchmarks/time_to_accuracy.py --tasks digits --configs goodput --repeats 3
 
 How to read it
 --------------
@@ -31,7 +32,11 @@ sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
   1 x the measured noise scale, the LR scaled linearly with it): starts at
   the small batch with the small batch's LR; the batch grows through the
   dataset's micro-batch;
-* ``goodput`` ``GoodputBatchSizePolicy``: same start, the AdaScale rule.
+* ``goodput`` ``GoodputBatchSizePolicy`` with the library's defaults (no
+  per-task setting): same start, the AdaScale rule; one doubling per
+  decision while goodput pays and every sample keeps efficiency >= 0.75,
+  step times from its throughput model or flat while that model's fit is
+  not usable (docs/policies.md).
 
 Tasks: ``teacher_student`` (``keras_adapt.data.teacher_student``, 8-dim
 inputs, 10 classes, 5% label noise; 50k train, 10k test; its noise scale
@@ -81,14 +86,31 @@ batch's LR untouched. ``GNSBatchSizePolicy`` gets only what the benchmark
 must give (bounds, dataset, largest micro-batch): every other setting is the
 library's default, the same on every task (docs/policies.md, "When adaptive
 batch size pays off", says how they were chosen). ``GoodputBatchSizePolicy``
-runs ``min_change_interval=100`` and the AdaScale rule (linear scaling
-diverged for it on digits when it jumped to 512: 16 x 0.1).
+runs the library's defaults too (how they were chosen: below), with the
+AdaScale rule (linear scaling diverged for it on digits when it jumped to
+512: 16 x 0.1).
 
 Baselines run ``keras_adapt.DistributedOptimizer(gradient_stats=False)``
 (no monitoring cost); the policies pay for their statistics. Each worker is
 pinned to its own core with one TensorFlow thread. On a shared machine the
-wall times move by several percent between runs: repeat the run to see the
-spread.
+wall times move by several percent between runs: ``--repeats N`` runs
+every configuration N times and reports the run with the median wall time
+to the target, every run's wall time (``wall_to_target_runs``) and, for
+the policies, every run's decisions (``trajectory_runs``: the batch
+trajectory) and whether they were the same each time
+(``same_decisions``): timing noise must not change them.
+
+How the goodput policy's defaults were chosen (updates to the target and
+final accuracy; the fixed runs from one sweep): pure goodput with flat
+step times went to the largest batch (teacher_student 32 -> 64 -> 2048,
+final 0.822 against 0.870 for the small batch). With the efficiency floor
+at 0.7 and a 5% dead band it oscillated with the noise scale (32 -> 64 ->
+128 -> 64 -> 128 -> 256 -> 128 -> 256 -> 512) and ended 0.95 points below
+the small batch; at 0.75 with a 25% dead band: teacher_student 32 -> 64 ->
+128 -> 256, 941 updates, 0.8643; digits 32 -> 64, 218, 0.9779; the wide
+task 32 -> 64 -> 128, 685, 0.8550; at 0.8 the same to 0.05 points on the
+teacher-student tasks (961 and 695 updates) but digits stayed at 32 until
+update 751 (569 updates, as the small batch). Hence 0.75.
 """
 
 import json
@@ -112,8 +134,7 @@ SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluatio
 # library's defaults (its learning-rate rule included): only the bounds,
 # the data and the largest micro-batch are given.
 GNS_SETTINGS = {}
-GOODPUT_SETTINGS = {"hysteresis": 0.05, "min_change_interval": 100, "warmup_updates": 50,
-                    "measure_updates": 10, "interval": 10}
+GOODPUT_SETTINGS = {}  # GoodputBatchSizePolicy: the library's defaults too
 TEACHER = {"dim": 8, "hidden": 32}  # keras_adapt.data.teacher_student's teacher
 
 # Per task: data, model, batch bounds, sample budget, evaluation grid,
@@ -267,7 +288,9 @@ def report(result, elapsed, curves=False):
             walls = r.get("wall_to_target_runs") or []
             if len(walls) > 1:
                 print(f"  {c} wall@tgt over {len(walls)} runs: "
-                      + " ".join(_fmt(w, ".2f") for w in walls))
+                      + " ".join(_fmt(w, ".2f") for w in walls)
+                      + (f"; same decisions in every run: {r['same_decisions']}"
+                         if c in ("gns", "goodput") else ""))
         sweep = res.get("sweep") or []
         if sweep:
             best = best_fixed(res)
@@ -289,6 +312,8 @@ def report(result, elapsed, curves=False):
             for c, r in runs.items():
                 print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
                       " ".join(f"({a},{u},{w:.1f},{acc:.3f},{b},{g})" for a, u, w, acc, b, g in r["curve"]))
+                for step, before, after, reason in r.get("decisions", []):
+                    print(f"    update {step}: batch {before} -> {after} ({reason})")
         line = summary(task, result, res)
         if "gns" in runs:
             print(f"met: {line['met']}  (speedup_vs_small {line['speedup_vs_small']}, "
@@ -367,7 +392,11 @@ def summary(task, result, res):
         line.update(goodput_speedup_vs_small=_speedup(runs, "small", "goodput"),
                     goodput_acc_delta_vs_small=delta("goodput", "small"),
                     goodput_speedup_vs_large=_speedup(runs, "large", "goodput"),
-                    goodput_acc_delta_vs_large=delta("goodput", "large"))
+                    goodput_acc_delta_vs_large=delta("goodput", "large"),
+                    goodput_update_ratio_vs_small=_speedup(runs, "small", "goodput",
+                                                           "updates_to_target"),
+                    goodput_update_ratio_vs_large=_speedup(runs, "large", "goodput",
+                                                           "updates_to_target"))
 
     best = best_fixed(res) if res.get("sweep") else None
     for prefix, config in (("", "gns"), ("goodput_", "goodput")):
@@ -417,6 +446,7 @@ def summary(task, result, res):
                      "final": round(r["final"], 4),
                      "wall_to_target_runs": [None if w is None else round(w, 3)
                                              for w in r.get("wall_to_target_runs", [])],
+                     "same_decisions": r.get("same_decisions"),
                      "batch_trajectory": r["trajectory"]}
                  for c, r in runs.items()},
     )
@@ -426,7 +456,10 @@ def summary(task, result, res):
 def repeated(repeats, run, *args):
     """Runs ``run(*args)`` ``repeats`` times; returns the run with the median
     wall time to the target (never reached counts as slowest), with every
-    run's wall time to the target in ``wall_to_target_runs``.
+    run's wall time to the target in ``wall_to_target_runs``; for runs that
+    carry a ``trajectory`` (the batch trajectory: a policy's decisions), every
+    run's in ``trajectory_runs`` and whether they were all the same in
+    ``same_decisions``.
 
     The runs are seeded alike, so their updates and accuracies agree: the
     repeats measure the spread of the wall times on a busy machine.
@@ -439,7 +472,11 @@ def repeated(repeats, run, *args):
     walls = [r["wall_to_target"] for r in results]
     ordered = sorted(results, key=lambda r: (r["wall_to_target"] is None,
                                              r["wall_to_target"] or 0.0))
-    return dict(ordered[(len(ordered) - 1) // 2], wall_to_target_runs=walls)
+    out = dict(ordered[(len(ordered) - 1) // 2], wall_to_target_runs=walls)
+    if all("trajectory" in r for r in results):
+        paths = [r["trajectory"] for r in results]
+        out.update(trajectory_runs=paths, same_decisions=all(p == paths[0] for p in paths))
+    return out
 
 
 # ------------------------------------------------------------------ worker
@@ -585,6 +622,9 @@ def worker(args):
             "trajectory": tracker.trajectory,
             "curve": tracker.curve,
             "events": len(policy.events) if policy else 0,
+            "decisions": [[e["step"], e["before"]["batch_size"], e["after"]["batch_size"],
+                           e["reason"]] for e in (policy.events if policy else [])
+                          if e["kind"] == "batch_size"],
         }
 
     result = {

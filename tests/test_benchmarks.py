@@ -81,6 +81,18 @@ def test_time_to_accuracy_repeats_keep_the_median_run():
                    "wall_to_target_runs": [5.0, None, 2.0, 4.0, 3.0]}
     walls = iter([None, 1.0])
     assert repeated(2, run, "x")["wall_to_target"] == 1.0  # even: the lower middle
+    # a policy's decisions (its batch trajectory) in every run, and whether they agree
+    paths = iter([[[1, 32], [51, 64]], [[1, 32], [51, 64]], [[1, 32], [61, 64]]])
+    walls = iter([1.0, 2.0, 3.0])
+
+    def policy_run():
+        return {"wall_to_target": next(walls), "trajectory": next(paths)}
+
+    out = repeated(3, policy_run)
+    assert out["trajectory"] == [[1, 32], [51, 64]] and out["same_decisions"] is False
+    assert out["trajectory_runs"] == [[[1, 32], [51, 64]]] * 2 + [[[1, 32], [61, 64]]]
+    paths, walls = iter([[[1, 32]]] * 2), iter([1.0, 1.0])
+    assert repeated(2, policy_run)["same_decisions"] is True
 
 
 @pytest.mark.primary_only

@@ -122,6 +122,24 @@ def test_an_unmeasured_count_is_predicted_by_the_throughput_model(tmp_path, sync
     assert policy.choose(3)[0] == 4
 
 
+def test_a_refused_throughput_fit_is_not_used_for_the_next_count(tmp_path):
+    """Step times that follow no configuration (+-1% around 10 ms): the fit
+    does not beat the constant model, so the policy measures N + 1 instead
+    of predicting it."""
+    model = ThroughputModel(warmup=0, min_observations=1)
+    for i, b in enumerate((16, 32, 64, 128)):
+        for n in (1, 2, 3):
+            model.observe(b, 0.010 * (1 + 0.01 * (-1) ** (i + n)), workers=n)
+    fit = model.fit()
+    assert not fit.usable and "does not beat the constant model" in fit.reason
+    policy = ThroughputScalingPolicy(1, 8, Scripted(), efficiency=0.8, throughput_model=model,
+                                     target_file=str(tmp_path / "t"))
+    policy.throughput = {n: [n * 64 / 0.010] for n in (1, 2, 3)}
+    policy.configuration = (64, 1)
+    proposal = policy.choose(3)
+    assert proposal[0] == 4 and proposal[1].startswith("4 workers not measured yet")
+
+
 def test_throughput_bookkeeping_warmup_patience_pending(tmp_path):
     """Scripted measurements and membership: exact requests at exact measurements."""
     members = Membership(1)

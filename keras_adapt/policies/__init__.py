@@ -6,7 +6,11 @@ measure (monitors) -> decide (policies) -> act (actuators) -> record (events).
 from keras_adapt.policies.base import AdaptationPolicy
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
-from keras_adapt.policies.goodput_batch_size import GoodputBatchSizePolicy, statistical_efficiency
+from keras_adapt.policies.goodput_batch_size import (
+    GoodputBatchSizePolicy,
+    GoodputChoice,
+    statistical_efficiency,
+)
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
 from keras_adapt.policies.resize import (
     GNSWorkerScalingPolicy,
@@ -31,6 +35,7 @@ __all__ = [
     "GNSBatchSizePolicy",
     "GNSWorkerScalingPolicy",
     "GoodputBatchSizePolicy",
+    "GoodputChoice",
     "LRScalingPolicy",
     "LinearScaling",
     "NoScaling",

@@ -1,11 +1,11 @@
 """GoodputBatchSizePolicy: the batch that maximises throughput x statistical efficiency."""
 
+import dataclasses
 import math
 import time
 
-import numpy as np
-
 from keras_adapt import _hvd
+from keras_adapt.perf_model import ThroughputModel
 from keras_adapt.policies.base import _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 
@@ -25,35 +25,103 @@ def statistical_efficiency(batch, base_batch, gns):
     return (gns + base_batch) / (gns + batch)
 
 
+def _check_float(name, value, low, high, what):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or not low <= value <= high:
+        raise ValueError(f"{name}={value!r} is not valid; use {what}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class GoodputChoice:
+    """One decision of :meth:`GoodputBatchSizePolicy.choose`.
+
+    Attributes:
+        batch: the global batch to move to (the current one: no change).
+        reason: why, in one sentence (the ``batch_size`` event's reason).
+        step_times: ``"model"`` when the step times came from a usable
+            throughput fit, ``"flat"`` when the policy took them as equal
+            (the fit was not usable; ``fit_reason`` says why).
+        fit_reason: the throughput fit's own ``reason``.
+
+    Example:
+
+    >>> from keras_adapt.policies import GoodputChoice
+    >>> GoodputChoice(64, "efficiency 0.9 at 64", "flat", "too few configurations").batch
+    64
+    """
+
+    batch: int
+    reason: str
+    step_times: str
+    fit_reason: str
+
+
 class GoodputBatchSizePolicy(BatchSizePolicy):
-    """Chooses the global batch with the highest goodput (Pollux, OSDI'21).
+    """Grows the global batch while goodput says it pays and each sample keeps its worth.
 
     goodput(M) = throughput(M) x E(M): samples per second, discounted by how
     much each sample is worth at batch M given the noise scale phi
-    (:func:`statistical_efficiency`, relative to ``min_batch``).
-
-    Throughput comes from the step times this job measured (from one step's
-    begin to the next, the time training really takes; the median ignores
-    the odd slow step, such as one with an evaluation): the time per update
-    at each global batch it ran (median, averaged over the workers so
-    every rank decides alike), fitted with T(M) = alpha + beta x M by least
-    squares (Pollux and CM-DARE use the same linear compute model). With
-    only one batch size measured the policy explores the next candidate
-    once. Candidates are ``min_batch x 2^i`` up to ``max_batch``.
-
-    It changes the batch when the best candidate's predicted goodput beats
-    the current one's by more than ``hysteresis``, at most every
+    (:func:`statistical_efficiency`, Pollux, OSDI'21, relative to
+    ``min_batch``). The candidates are ``min_batch x 2^i`` up to
+    ``max_batch``. Every ``interval`` updates the policy feeds a
+    :class:`keras_adapt.perf_model.ThroughputModel` the mean time per
+    update since the last time (agreed over the workers in one small
+    collective, so every rank fits the same model), and at most every
     ``min_change_interval`` updates, once the statistics cover
-    ``warmup_updates`` optimizer updates.
+    ``warmup_updates`` updates, it considers its two neighbours only (one
+    doubling up, one halving down):
+
+    * **step times**: from the throughput fit, with its standard errors,
+      when the fit is usable; otherwise (fewer than the configurations a
+      fit needs, or a fit that does not beat the constant model: the step
+      time does not measurably depend on the batch) the step time is taken
+      as the same at every batch (``"flat"``). Flat is what a refused fit
+      measured; before the fit is usable it is the optimistic guess that
+      lets the policy try the next batch, and growth of one doubling per
+      decision bounds what a wrong guess costs: the new batch is measured,
+      and once the fit is usable it can say "go back";
+    * **up** to 2M when E(2M) >= ``min_efficiency`` and 2M's goodput beats
+      M's by more than ``hysteresis`` even at the pessimistic end of the
+      step times' uncertainty (each step time ``confidence`` standard
+      errors against the move);
+    * **down** to M/2 when E(M) < ``min_efficiency / (1 + hysteresis)``
+      (the noise scale fell) or M/2's goodput beats M's by more than
+      ``hysteresis`` at the pessimistic end.
+
+    Why the efficiency floor: with flat step times Pollux's goodput
+    ``M/T x (phi + M0)/(phi + M)`` rises with M for ever, so pure goodput
+    picks ``max_batch``. It maximises progress per second, not per sample:
+    a job with a sample budget (a number of epochs, a learning-rate
+    schedule in epochs) trades final accuracy for it, since S samples at
+    efficiency E make the progress of E x S at the base batch. The floor
+    caps that loss: every sample keeps at least ``min_efficiency`` of its
+    worth at ``min_batch``. E(M) >= e means M <= (phi + M0)/e - phi: with
+    the default 0.75, ``M <= phi/3 + 4 M0/3``, a third of the critical
+    batch phi, where McCandlish et al. put the "two times the minimal
+    samples" point (E = 0.5 from a small base). One doubling per decision
+    keeps the noise scale (whose moving average lags) and the learning
+    rate rule (AdaScale's gain) in step with the batch, and gives the
+    throughput model each batch on the way as a configuration to fit.
+    Decisions are quantised (powers of two), use only the agreed noise
+    scale while the step times are flat, and need a gain beyond the
+    model's uncertainty otherwise: timing noise does not flip them.
 
     Args:
         min_batch, max_batch: bounds of the global batch.
-        hysteresis: relative goodput gain required for a change (>= 0).
+        min_efficiency: the floor on E(M) (0 < min_efficiency <= 1; 0.75).
+        hysteresis: relative goodput gain required for a change, and the
+            dead band below ``min_efficiency`` before a move down (>= 0).
+        confidence: standard errors of the predicted step times held
+            against a move (>= 0; 2: about 95%).
         min_change_interval: updates between changes.
         warmup_updates: optimizer updates the statistics must cover before
             the first decision (independent of ``stats_interval``).
-        measure_updates: timed updates needed at a batch before it counts.
-        explore: try a second batch size when only one was measured.
+        throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel`
+            to feed and predict with (default: a new
+            ``ThroughputModel(warmup=1, statistic="median")``: the first
+            interval after a change pays for new shapes; the median ignores
+            an interval with an evaluation).
         **kwargs: see :class:`BatchSizePolicy`.
 
     Example:
@@ -62,29 +130,37 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     >>> policy = GoodputBatchSizePolicy(min_batch=32, max_batch=512, micro_batch_size=32)
     >>> policy.candidates()
     [32, 64, 128, 256, 512]
-    >>> policy.best_batch({32: 0.010, 64: 0.012}, gns=200.0)   # time/update at two sizes
-    128
+    >>> policy.choose(32, gns=200.0).batch     # flat step times: E(64) = 232/264 >= 0.75
+    64
+    >>> policy.choose(64, gns=200.0).batch     # E(128) = 232/328 < 0.75: stay
+    64
     """
 
     needs_statistics = True
 
-    def __init__(self, min_batch, max_batch, hysteresis=0.05, min_change_interval=50,
-                 warmup_updates=50, measure_updates=10, explore=True, **kwargs):
+    def __init__(self, min_batch, max_batch, min_efficiency=0.75, hysteresis=0.25,
+                 confidence=2.0, min_change_interval=50, warmup_updates=50,
+                 throughput_model=None, **kwargs):
         super().__init__(min_batch, max_batch, **kwargs)
-        if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) \
-                or not math.isfinite(hysteresis) or hysteresis < 0:
-            raise ValueError(f"hysteresis={hysteresis!r} is not valid; use a float >= 0")
-        self.hysteresis = float(hysteresis)
+        self.min_efficiency = _check_float("min_efficiency", min_efficiency, 0.0, 1.0,
+                                           "a fraction in (0, 1], e.g. 0.75")
+        if self.min_efficiency == 0.0:
+            raise ValueError("min_efficiency=0 is not valid; use a fraction in (0, 1], e.g. 0.75 "
+                             "(0 would let the batch grow without bound)")
+        self.hysteresis = _check_float("hysteresis", hysteresis, 0.0, math.inf, "a float >= 0")
+        self.confidence = _check_float("confidence", confidence, 0.0, math.inf, "a float >= 0")
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
-        self.measure_updates = _check_positive_int("measure_updates", measure_updates)
-        if not isinstance(explore, bool):
-            raise TypeError(f"explore must be True or False, got {explore!r}")
-        self.explore = explore
-        self.update_times = {}  # global batch -> seconds per update (this rank)
+        if throughput_model is None:
+            throughput_model = ThroughputModel(warmup=1, statistic="median")
+        elif not isinstance(throughput_model, ThroughputModel):
+            raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
+                            "keras_adapt.perf_model.ThroughputModel or None")
+        self.throughput_model = throughput_model
         self._t_begin = None  # perf_counter at the current step's begin
         self._t_sum = 0.0  # step time since the last update
-        self._explored = False
+        self._interval_time = 0.0  # timed seconds since the last observation
+        self._interval_updates = 0  # timed updates since the last observation
 
     def candidates(self):
         """Global batches considered: min_batch x 2^i up to max_batch."""
@@ -98,6 +174,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     def on_train_begin(self, logs=None):
         self._t_begin = None
         self._t_sum = 0.0
+        self._interval_time, self._interval_updates = 0.0, 0
         super().on_train_begin(logs)
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -117,82 +194,102 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         super().on_epoch_end(epoch, logs)
 
     def on_update_end(self):
-        if self.batch.value is not None and self._t_sum > 0.0:
-            self.update_times.setdefault(self.batch.value, []).append(self._t_sum)
+        if self._t_sum > 0.0:
+            self._interval_time += self._t_sum
+            self._interval_updates += 1
         self._t_sum = 0.0
 
-    def _agreed_times(self):
-        """Median time per update for each well-measured batch, averaged over
-        the workers (one small collective, same call on every rank)."""
-        sizes = sorted(b for b, ts in self.update_times.items() if len(ts) > self.measure_updates)
-        if not sizes:
-            return {}
-        # The first update after a change is dropped: it pays for new shapes.
-        local = [float(np.median(self.update_times[b][1:])) for b in sizes]
-        agreed = _hvd.host_allreduce_mean(local, name=f"keras_adapt_goodput_{len(sizes)}")
-        return dict(zip(sizes, (float(t) for t in agreed)))
+    def _observe(self):
+        """Feeds the model the mean update time since the last call, agreed
+        over the workers (one small collective, same call on every rank)."""
+        total, count = _hvd.host_allreduce_mean(
+            [self._interval_time, float(self._interval_updates)], name="keras_adapt_goodput")
+        self._interval_time, self._interval_updates = 0.0, 0
+        if count > 0 and total > 0:
+            self.throughput_model.observe(self.batch.micro_batch_size, float(total / count),
+                                          workers=self.batch.workers,
+                                          accumulation=self.batch.accumulation.steps)
 
     # -- deciding -----------------------------------------------------------
-    def throughput_model(self, times):
-        """(alpha, beta) of T(M) = alpha + beta x M fitted to ``{M: seconds}``."""
-        sizes = np.array(sorted(times), dtype=np.float64)
-        t = np.array([times[s] for s in sorted(times)], dtype=np.float64)
-        if len(sizes) == 1:
-            return 0.0, float(t[0] / sizes[0])  # proportional until we know better
-        beta, alpha = np.polyfit(sizes, t, 1)
-        if beta <= 0:  # noisy measurements: fall back to the slowest marginal cost seen
-            beta = float(np.max(t / sizes)) * 1e-3
-        return float(max(alpha, 0.0)), float(beta)
+    def _step_time(self, batch, fit):
+        """Predicted seconds of one update at ``batch``: ``(value, std)``, or
+        None when the fit refuses the configuration."""
+        b, k = self.batch.plan(batch)
+        try:
+            p = fit.predict_step_time(b, workers=self.batch.workers, accumulation=k)
+        except ValueError:
+            return None
+        return p.value, p.std
 
-    def goodput(self, batch, gns, model):
-        """Predicted goodput of ``batch`` (samples/s x efficiency)."""
-        alpha, beta = model
-        return batch / (alpha + beta * batch) * statistical_efficiency(batch, self.min_batch, gns)
+    def choose(self, current, gns, fit=None):
+        """The rule (see the class doc): a :class:`GoodputChoice` at global
+        batch ``current`` with noise scale ``gns`` and throughput ``fit``
+        (default: the policy's model's current fit)."""
+        fit = self.throughput_model.fit() if fit is None else fit
+        flat = not fit.usable
+        kind = "flat" if flat else "model"
+        eff = {m: statistical_efficiency(m, self.min_batch, gns) for m in self.candidates()}
+        eff[current] = statistical_efficiency(current, self.min_batch, gns)
+        now_t = (1.0, 0.0) if flat else self._step_time(current, fit)
 
-    def best_batch(self, times, gns):
-        """The candidate with the highest predicted goodput."""
-        model = self.throughput_model(times)
-        return max(self.candidates(), key=lambda b: self.goodput(b, gns, model))
+        def pessimistic_gain(m):
+            """m's goodput over the current one's, step times against the move."""
+            t = (1.0, 0.0) if flat else self._step_time(m, fit)
+            if t is None or now_t is None:
+                return None
+            ratio = (m * eff[m] / t[0]) / (current * eff[current] / now_t[0])
+            return ratio / (1.0 + self.confidence * (t[1] / t[0] + now_t[1] / now_t[0]))
+
+        def stay(reason):
+            return GoodputChoice(current, reason, kind, fit.reason)
+
+        threshold = 1.0 + self.hysteresis
+        below = [m for m in self.candidates() if m < current]
+        if below:
+            down = below[-1]
+            if eff[current] < self.min_efficiency / threshold:
+                return GoodputChoice(down, f"efficiency {eff[current]:.3f} at {current} < "
+                                     f"{self.min_efficiency:g} (gns {gns:.1f})", kind, fit.reason)
+            gain = pessimistic_gain(down)
+            if gain is not None and gain > threshold:
+                return GoodputChoice(down, f"goodput x{gain:.3f} at {down} (pessimistic, "
+                                     f"{kind} step times; gns {gns:.1f})", kind, fit.reason)
+        above = [m for m in self.candidates() if m > current]
+        if not above:
+            return stay(f"{current} is max_batch")
+        up = above[0]
+        if eff[up] < self.min_efficiency:
+            return stay(f"efficiency {eff[up]:.3f} at {up} < {self.min_efficiency:g} "
+                        f"(gns {gns:.1f})")
+        gain = pessimistic_gain(up)
+        if gain is None:
+            return stay(f"the throughput fit cannot predict {up}")
+        if gain <= threshold:
+            return stay(f"goodput x{gain:.3f} at {up} <= {threshold:g} (pessimistic, "
+                        f"{kind} step times)")
+        return GoodputChoice(up, f"goodput x{gain:.3f} at {up}, efficiency {eff[up]:.3f} >= "
+                             f"{self.min_efficiency:g} (gns {gns:.1f}; {kind} step times)",
+                             kind, fit.reason)
 
     def decide(self, step, values):
+        self._observe()
         gns = values.get("gns")
         if gns is None or not math.isfinite(gns) or values.get("covered_updates", 0) < self.warmup_updates:
             return
         if self._last_change is not None and step - self._last_change < self.min_change_interval:
             return
-        times = self._agreed_times()
         current = self.batch.value
-        if current not in times:
-            return
-        if len(times) == 1 and self.explore and not self._explored:
-            bigger = [b for b in self.candidates() if b > current]
-            if bigger:
-                self._explored = True
-                self.change_batch(bigger[0], f"exploring: only batch {current} measured "
-                                  f"({current / times[current]:.0f} samples/s)", values)
-            return
-        model = self.throughput_model(times)
-        best = self.best_batch(times, gns)
-        now, then = self.goodput(current, gns, model), self.goodput(best, gns, model)
-        if best != current and then > now * (1.0 + self.hysteresis):
-            self.change_batch(best, f"goodput {then:.0f} at {best} vs {now:.0f} at {current} "
-                              f"(gns {gns:.1f}, T = {model[0]*1e3:.2f} ms + "
-                              f"{model[1]*1e6:.2f} us x M)", values)
-
-    def get_state(self):
-        state = super().get_state()
-        state["update_times"] = {str(b): ts[-200:] for b, ts in self.update_times.items()}
-        state["explored"] = self._explored
-        return state
-
-    def restore(self, state):
-        super().restore(state)
-        self.update_times = {int(b): list(ts) for b, ts in state.get("update_times", {}).items()}
-        self._explored = bool(state.get("explored", False))
+        choice = self.choose(current, gns)
+        if choice.batch != current:
+            reason = choice.reason
+            if choice.step_times == "flat":
+                reason += f"; throughput fit not usable: {choice.fit_reason}"
+            if self.change_batch(choice.batch, reason, values) is not None:
+                self._interval_time, self._interval_updates = 0.0, 0
 
     def get_config(self):
         config = super().get_config()
-        config.update(hysteresis=self.hysteresis, min_change_interval=self.min_change_interval,
-                      warmup_updates=self.warmup_updates, measure_updates=self.measure_updates,
-                      explore=self.explore)
+        config.update(min_efficiency=self.min_efficiency, hysteresis=self.hysteresis,
+                      confidence=self.confidence, min_change_interval=self.min_change_interval,
+                      warmup_updates=self.warmup_updates)
         return config

@@ -98,8 +98,7 @@ results["accumulate"]["k"] = gns.batch.accumulation.steps
 ds = AdaptiveBatchDataset(x, y, micro_batch_size=8, seed=2)
 model = build()
 goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_micro_batch_size=128,
-                                 warmup_updates=20, min_change_interval=30, measure_updates=10,
-                                 interval=15)
+                                 warmup_updates=20, min_change_interval=30, interval=15)
 run("goodput", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
 
 # sync: switches at the steps a scripted rule says, then post-local SGD

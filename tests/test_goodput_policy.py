@@ -1,0 +1,213 @@
+"""GoodputBatchSizePolicy in one process: its decisions from scripted step
+times and noise scales (numbers worked out by hand), the path where the
+throughput fit is refused, stability under timing noise, and its timing in
+a real fit."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import keras
+import keras_adapt
+from keras_adapt.data import AdaptiveBatchDataset
+from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.policies import GoodputBatchSizePolicy, statistical_efficiency
+from test_policies import _drive, _model
+
+
+def _attached(throughput_model=None, **kwargs):
+    """A policy attached to a model whose batch grows through an adaptive
+    dataset (micro-batch = global batch on one worker, k = 1)."""
+    x = np.ones((2048, 4), "float32")
+    ds = AdaptiveBatchDataset(x, x[:, :1], micro_batch_size=32)
+    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1024, dataset=ds,
+                                    max_micro_batch_size=1024,
+                                    throughput_model=throughput_model, **kwargs)
+    policy.set_model(_model())
+    return policy
+
+
+def _exact_model(step_time, batches=(32, 64, 128, 256)):
+    model = ThroughputModel(warmup=0, min_observations=1)
+    for b in batches:
+        model.observe(b, step_time(b))
+    return model
+
+
+def test_statistical_efficiency_and_candidates():
+    assert statistical_efficiency(32, 32, 50.0) == 1.0
+    assert statistical_efficiency(64, 32, 50.0) == pytest.approx(82.0 / 114.0)
+    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1000, micro_batch_size=32)
+    assert policy.candidates() == [32, 64, 128, 256, 512, 1000]  # min x 2^i, then max
+
+
+def test_flat_step_times_grow_one_doubling_while_efficiency_holds():
+    # No usable fit (nothing observed): step times flat, so the goodput
+    # gain of a doubling is 2 x E(2M) / E(M) and the floor decides.
+    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1024, micro_batch_size=32)
+    assert (policy.min_efficiency, policy.hysteresis) == (0.75, 0.25)
+    c = policy.choose(32, gns=200.0)
+    # E(64) = 232/264 = 0.8788; gain 2 x 0.8788 = 1.758 > 1.25: one doubling, not more
+    assert (c.batch, c.step_times) == (64, "flat")
+    assert "x1.758" in c.reason and "efficiency 0.879" in c.reason
+    assert c.fit_reason.startswith("no configuration has 3 observations")
+    # E(128) = 232/328 = 0.707 < 0.75: stay at 64
+    c = policy.choose(64, gns=200.0)
+    assert c.batch == 64 and "efficiency 0.707 at 128 < 0.75" in c.reason
+    # at gns 400, E(128) = 432/528 = 0.818: grow; E(256) = 432/656 = 0.659: not beyond
+    assert policy.choose(64, gns=400.0).batch == 128
+    assert policy.choose(128, gns=400.0).batch == 128
+    # down only below min_efficiency / (1 + hysteresis) = 0.6:
+    # E(128) at gns 150 = 182/278 = 0.655 (stay), at gns 100 = 132/228 = 0.579 (down)
+    assert policy.choose(128, gns=150.0).batch == 128
+    c = policy.choose(128, gns=100.0)
+    assert c.batch == 64 and "efficiency 0.579 at 128 < 0.75" in c.reason
+    assert policy.choose(1024, gns=1e6).reason == "1024 is max_batch"
+
+
+def test_a_usable_fit_prices_the_step_times():
+    # Compute-bound: T(b) = 1 ms + 0.4 ms x b, fitted exactly (std 0).
+    model = _exact_model(lambda b: 0.001 + 4e-4 * b)
+    fit = model.fit()
+    assert fit.usable and fit.params["per_sample"] == pytest.approx(4e-4)
+    policy = _attached(model)
+    # gns 1000: flat step times would grow (E(64) = 1032/1064 = 0.970), but
+    # goodput(64) / goodput(32) = (64/0.0266 x 0.96992) / (32/0.0138) = 1.0064
+    c = policy.choose(32, gns=1000.0)
+    assert (c.batch, c.step_times) == (32, "model")
+    assert "x1.006 at 64 <= 1.25" in c.reason
+    # Down by goodput: at gns 300, goodput(64) / goodput(128)
+    # = (2406.0 x 332/364) / (2452.1 x 332/428) = 1.1537 > 1.1
+    policy = _attached(model, hysteresis=0.1)
+    c = policy.choose(128, gns=300.0)
+    assert c.batch == 64 and "goodput x1.154 at 64" in c.reason
+    # Fixed-cost dominated: T(b) = 20 ms + 1 us x b; gns 1000, from 128:
+    # goodput(256)/goodput(128) = 2 x (20.128/20.256) x (1128/1256) = 1.7848
+    policy = _attached(_exact_model(lambda b: 0.020 + 1e-6 * b))
+    c = policy.choose(128, gns=1000.0)
+    assert (c.batch, c.step_times) == (256, "model") and "x1.785" in c.reason
+
+
+def test_the_uncertainty_of_the_fit_holds_a_move_back():
+    # Noisy step times: a nominal gain above the threshold that the
+    # predictions' standard errors do not support keeps the batch.
+    rng = np.random.default_rng(5)
+    model = ThroughputModel(warmup=0, min_observations=1)
+    for b in (32, 64, 96, 128, 192, 256):
+        model.observe(b, (0.004 + 2e-4 * b) * (1 + 0.08 * rng.standard_normal()))
+    fit = model.fit()
+    assert fit.usable
+    t32, t64 = fit.predict_step_time(32), fit.predict_step_time(64)
+    e32, e64 = 1.0, statistical_efficiency(64, 32, 1e6)
+    nominal = (64 * e64 / t64.value) / (32 * e32 / t32.value)
+    pessimistic = nominal / (1 + 2.0 * (t64.relative_std + t32.relative_std))
+    threshold = (nominal * pessimistic) ** 0.5  # between the two
+    assert 1.0 < pessimistic < threshold < nominal  # the case this test is about
+    policy = _attached(model, hysteresis=threshold - 1)
+    assert policy.choose(32, gns=1e6).batch == 32
+    # with confidence 0 the nominal gain decides
+    assert _attached(model, hysteresis=threshold - 1, confidence=0.0).choose(32, gns=1e6).batch == 64
+
+
+def test_a_refused_fit_is_not_used_and_step_times_count_as_flat():
+    # Step times that do not depend on the batch (+-1%): the fit does not
+    # beat the constant model, so the policy ignores it.
+    model = ThroughputModel(warmup=0, min_observations=1)
+    for i, b in enumerate((32, 64, 128, 256, 512, 1024)):
+        model.observe(b, 0.008 * (1 + 0.01 * (-1) ** i))
+    fit = model.fit()
+    assert not fit.usable and "does not beat the constant model" in fit.reason
+    policy = _attached(model)
+    c = policy.choose(32, gns=300.0)
+    # E(64) = 332/364 = 0.912: gain 2 x 0.912 = 1.824, by efficiency alone
+    assert (c.batch, c.step_times) == (64, "flat") and "x1.824" in c.reason
+    assert c.fit_reason == fit.reason
+
+
+def test_decisions_do_not_flip_on_timing_noise():
+    # 100 machines' worth of noisy timings (10% per observation) around a
+    # flat step time: every one decides alike, whether its fit came out
+    # usable (on noise) or refused.
+    decisions, usable = set(), 0
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        model = ThroughputModel(warmup=0)
+        for b in (32, 64, 128, 256):
+            for _ in range(10):
+                model.observe(b, 0.008 * (1 + 0.1 * rng.standard_normal()))
+        usable += model.fit().usable
+        policy = _attached(model)
+        decisions.add(tuple(policy.choose(m, gns=g).batch
+                            for m, g in ((32, 300.0), (64, 300.0), (128, 300.0), (128, 150.0),
+                                         (256, 300.0))))
+    # E(64) 0.912, E(128) 0.776: grow; E(256) 0.597: stay at 128; at
+    # gns 150 E(128) 0.655 >= 0.6: stay; at 256 with gns 300 E = 0.597 < 0.6: down
+    assert decisions == {(64, 128, 128, 128, 128)}
+    assert usable < 100  # most such fits are refused
+
+
+def test_scripted_run_records_decisions_and_feeds_the_model():
+    model = _model()
+    n = keras_adapt.size()
+    policy = GoodputBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
+                                    interval=10, verbose=0)
+    script = [(10, 200.0 * n), (60, 200.0 * n), (110, 200.0 * n), (150, 200.0 * n),
+              (160, 20.0 * n)]
+    changes = _drive(policy, model, script)
+    # gns 200: E(32) = 216/232 = 0.93 -> 32 at 10; 50 updates later E(64) =
+    # 216/264 = 0.82 -> 64; E(128) = 216/328 = 0.66: stay; gns 20: E(64) =
+    # 36/84 = 0.43 < 0.6 -> 32 (at n = 1; the same ratios at any n)
+    assert changes == [(10, 16 * n, 32 * n), (60, 32 * n, 64 * n), (160, 64 * n, 32 * n)]
+    reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
+    assert all("; throughput fit not usable: " in r for r in reasons)
+    # one observation per interval, at the configuration it ran (b, N, k);
+    # the first interval of each visit is dropped (warm-up): k = 1 ran one
+    # interval, k = 2 five (ending at 20..60), k = 4 ten (70..160)
+    configs = policy.throughput_model.configurations()
+    assert {c: len(t) for c, t in configs.items()} == {(16, n, 2): 4, (16, n, 4): 9}
+    assert all(t > 0 for ts in configs.values() for t in ts)
+
+
+def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
+    x = np.ones((256, 4), "float32")
+    model = _model()
+    policy = GoodputBatchSizePolicy(min_batch=8, max_batch=64, micro_batch_size=8,
+                                    warmup_updates=10**6)  # measure only
+
+    class OneSlowStep(keras.callbacks.Callback):  # e.g. an evaluation, once an epoch
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 15:
+                time.sleep(0.5)
+
+    model.fit(x, x[:, :1], batch_size=8, epochs=4, verbose=0, callbacks=[policy, OneSlowStep()])
+    (times,) = policy.throughput_model.configurations().values()
+    # 4 x 32 updates, one observation every 10 (12), the first dropped; the
+    # epoch's first step is not timed
+    assert len(times) == 11
+    # an interval with the 0.5 s step in it: its mean is 50 ms above the others'
+    slow = [t for t in times if t > np.median(times) + 0.03]
+    assert 3 <= len(slow) <= 4
+    # they pull the mean up by about 4 x 50 / 11 = 18 ms; the model fits the
+    # median, one of the other intervals
+    assert policy.throughput_model.statistic == "median"
+    assert np.mean(times) - np.median(times) > 0.01
+    assert np.median(times) < min(slow) - 0.03
+    assert not policy.throughput_model.fit().usable  # one configuration
+
+
+def test_config_round_trip_and_bad_arguments():
+    policy = GoodputBatchSizePolicy(32, 512, min_efficiency=0.6, hysteresis=0.1, confidence=1.0,
+                                    micro_batch_size=32)
+    config = json.loads(json.dumps(policy.get_config()))
+    assert GoodputBatchSizePolicy.from_config(config).get_config() == config
+    for kwargs, match in (({"min_efficiency": 0}, "min_efficiency=0 is not valid"),
+                          ({"min_efficiency": 1.5}, r"min_efficiency=1.5 is not valid; use a fraction"),
+                          ({"hysteresis": -0.1}, "hysteresis=-0.1"),
+                          ({"confidence": float("nan")}, "confidence=nan"),
+                          ({"min_change_interval": -1}, "min_change_interval=-1")):
+        with pytest.raises(ValueError, match=match):
+            GoodputBatchSizePolicy(32, 512, **kwargs)
+    with pytest.raises(TypeError, match="throughput_model=.* is not valid"):
+        GoodputBatchSizePolicy(32, 512, throughput_model="fast")
