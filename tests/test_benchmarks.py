@@ -50,14 +50,14 @@ def test_time_to_accuracy_quick():
             assert prefix + "speedup_vs_best_fixed" in line
 
 
-def _time_to_accuracy_benchmark():
-    """benchmarks/time_to_accuracy.py as a module (it imports its sibling _workers)."""
+def _benchmark(name):
+    """benchmarks/NAME.py as a module (it imports its sibling _workers)."""
     import importlib.util
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
         spec = importlib.util.spec_from_file_location(
-            "time_to_accuracy_benchmark", os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"))
+            f"{name}_benchmark", os.path.join(ROOT, "benchmarks", f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
@@ -66,7 +66,7 @@ def _time_to_accuracy_benchmark():
 
 
 def test_time_to_accuracy_repeats_keep_the_median_run():
-    repeated = _time_to_accuracy_benchmark().repeated
+    repeated = _benchmark("time_to_accuracy").repeated
     walls = iter([5.0, None, 2.0, 4.0, 3.0])
     calls = []
 
@@ -107,21 +107,6 @@ def test_time_to_accuracy_repeats_every_run():
         assert run["wall_to_target"] in run["wall_to_target_runs"]
 
 
-def _perf_model_benchmark():
-    """benchmarks/perf_model.py as a module (it imports its sibling _workers)."""
-    import importlib.util
-
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "perf_model_benchmark", os.path.join(ROOT, "benchmarks", "perf_model.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
-    return module
-
-
 def test_perf_model_report_on_stored_times(capsys):
     # Real update times from a run of the benchmark (2 of its rounds, the
     # first 10 updates of each visit): the full benchmark takes minutes, so
@@ -131,7 +116,7 @@ def test_perf_model_report_on_stored_times(capsys):
 
     from keras_adapt.perf_model import ThroughputModel
 
-    bench = _perf_model_benchmark()
+    bench = _benchmark("perf_model")
     with open(os.path.join(ROOT, "tests", "data", "perf_model_small.json")) as f:
         jobs = json.load(f)
     line = bench.report(jobs)
