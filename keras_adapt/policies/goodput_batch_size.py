@@ -122,6 +122,9 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             ``ThroughputModel(warmup=1, statistic="median")``: the first
             interval after a change pays for new shapes; the median ignores
             an interval with an evaluation).
+        scaling_rule: how the learning rate follows the batch (default
+            ``"adascale"``: AdaScale's gain from the same noise scale, as
+            Pollux pairs it with goodput; ``None`` leaves the rate alone).
         **kwargs: see :class:`BatchSizePolicy`.
 
     Example:
@@ -140,8 +143,8 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
 
     def __init__(self, min_batch, max_batch, min_efficiency=0.75, hysteresis=0.25,
                  confidence=2.0, min_change_interval=50, warmup_updates=50,
-                 throughput_model=None, **kwargs):
-        super().__init__(min_batch, max_batch, **kwargs)
+                 throughput_model=None, scaling_rule="adascale", **kwargs):
+        super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
         self.min_efficiency = _check_float("min_efficiency", min_efficiency, 0.0, 1.0,
                                            "a fraction in (0, 1], e.g. 0.75")
         if self.min_efficiency == 0.0:
