@@ -202,8 +202,24 @@ def test_refuses_to_extrapolate_to_a_non_positive_time():
         model.predict_throughput(8)
 
 
-def test_held_out_evidence_needs_p_plus_two_configurations():
+def test_needs_p_plus_two_configurations():
     model = ThroughputModel(warmup=0)
+    for b in (16, 32, 64):  # p = 2 (per sample, per micro-step): 4 are needed
+        feed(model, [(b, 1, 1)], true_time, 0.0, 3, None)
+        fit = model.fit()
+        assert not fit.usable and fit.params is None
+    assert fit.reason == "3 configuration(s) observed; 4 are needed for the 2 term(s) they " \
+                         "identify (p to fit, one residual, one to leave out)"
+    feed(model, [(128, 1, 1)], true_time, 0.0, 2, None)  # only 2 of the 3 needed observations
+    assert model.fit().num_configurations == 3
+    feed(model, [(128, 1, 1)], true_time, 0.0, 1, None)
+    fit = model.fit()
+    assert fit.usable and fit.num_configurations == 4 and fit.heldout == 4
+    assert fit.params["per_sample"] == pytest.approx(TRUE["per_sample"], rel=1e-9)
+
+
+def test_with_repeats_two_or_three_configurations_are_fitted():
+    model = ThroughputModel(warmup=0, repeats=True)
     feed(model, [(16, 1, 1)], true_time, 0.0, 3, None)
     fit = model.fit()
     assert not fit.usable and fit.params is None
@@ -225,7 +241,7 @@ def test_held_out_evidence_needs_p_plus_two_configurations():
 
 
 def test_two_configurations_fit_from_their_repeats_by_hand():
-    model = ThroughputModel(warmup=0)
+    model = ThroughputModel(warmup=0, repeats=True)
     for t in (0.0130, 0.0134, 0.0132):  # mean 0.0132, sd 0.0002: se 0.0002/sqrt(3)
         model.observe(32, t)
     for t in (0.0160, 0.0166, 0.0163):  # mean 0.0163, sd 0.0003: se 0.0003/sqrt(3)
@@ -245,17 +261,17 @@ def test_two_configurations_fit_from_their_repeats_by_hand():
     assert "14.9 standard errors" in fit.reason
     assert fit.train_mape == pytest.approx(0.0, abs=1e-9)
 
-    same = ThroughputModel(warmup=0)
+    same = ThroughputModel(warmup=0, repeats=True)
     for b, times in ((32, (0.0130, 0.0134, 0.0132)), (64, (0.0131, 0.0135, 0.0133))):
         for t in times:
             same.observe(b, t)
     fit = same.fit()  # 0.0001 apart, se 0.0002/sqrt(3) each: 0.61 standard errors
     assert not fit.usable and fit.evidence == "repeats"
-    assert "differ from a constant by 0.61 standard errors, fewer than 3" in fit.reason
+    assert "differ from a constant by 0.61 standard errors, fewer than 4" in fit.reason
     with pytest.raises(RuntimeError, match="not usable"):
         same.predict_step_time(128)
 
-    median = ThroughputModel(warmup=0, statistic="median")
+    median = ThroughputModel(warmup=0, statistic="median", repeats=True)
     for b, times in ((32, (0.0130, 0.0134, 0.0132)), (64, (0.0160, 0.0166, 0.0163))):
         for t in times:
             median.observe(b, t)
@@ -265,12 +281,12 @@ def test_two_configurations_fit_from_their_repeats_by_hand():
 
 
 def test_repeats_fit_refuses_what_it_cannot_judge():
-    one = ThroughputModel(warmup=0, min_observations=1)
+    one = ThroughputModel(warmup=0, min_observations=1, repeats=True)
     one.observe(32, 0.013)
     one.observe(64, 0.016)
     fit = one.fit()  # no scatter to judge by
     assert not fit.usable and "a configuration has a single observation" in fit.reason
-    bent = ThroughputModel(warmup=0)
+    bent = ThroughputModel(warmup=0, repeats=True)
     for b, mean in ((32, 0.0132), (64, 0.0163), (128, 0.0132)):  # not a line
         for d in (-0.0002, 0.0, 0.0002):
             bent.observe(b, mean + d)
@@ -329,6 +345,7 @@ def test_the_fit_depends_on_the_observations_not_their_interleaving():
     (lambda m: ThroughputModel(window=4, min_observations=5),
      "min_observations=5 exceeds window=4; .* lower min_observations or raise window"),
     (lambda m: ThroughputModel(statistic="mode"), "statistic='mode' is not valid; use 'mean' or"),
+    (lambda m: ThroughputModel(repeats=1), "repeats=1 is not valid; use True or False"),
 ])
 def test_bad_input_is_refused_with_the_value_and_the_fix(call, message):
     model = ThroughputModel()

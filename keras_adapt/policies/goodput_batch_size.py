@@ -155,7 +155,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
         if throughput_model is None:
-            throughput_model = ThroughputModel(warmup=1, statistic="median")
+            throughput_model = ThroughputModel(warmup=1, statistic="median", repeats=True)
         elif not isinstance(throughput_model, ThroughputModel):
             raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
                             "keras_adapt.perf_model.ThroughputModel or None")
