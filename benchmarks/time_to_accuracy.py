@@ -596,14 +596,16 @@ def worker(args):
         micro = batch // workers
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=micro, seed=0)
         callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
+        budget = int(s["passes"] * len(x))
         policy = None
         if adaptive:
+            # Each policy keeps its own (default) learning-rate rule; the GNS
+            # policy is told the run's sample budget, as a user would.
+            extra = {"sample_budget": budget} if config == "gns" else {}
             cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
-            # Each policy keeps its own (default) learning-rate rule.
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
-                         max_micro_batch_size=s["max_batch"] // workers, **s[config])
+                         max_micro_batch_size=s["max_batch"] // workers, **extra, **s[config])
             callbacks.append(policy)
-        budget = int(s["passes"] * len(x))
         tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
         callbacks.append(tracker)
         max_steps = budget // (workers * micro) + 10
