@@ -15,7 +15,9 @@ outputs): by default (``--model conv``) two 3x3 convolutions of
 ``--filters`` filters on ``--image`` x ``--image`` x 3 inputs, global
 average pooling and a dense layer -- about 10k parameters for 15 MFLOP per
 sample, so the allreduce is short next to the compute, as for a slow
-accelerator in a real cluster; or (``--model mlp``) an MLP of ``--dim``
+accelerator in a real cluster (at 512 samples per worker the compute is
+about 8 times the step's fixed cost; at 128 the host's per-step work is as
+long as the compute); or (``--model mlp``) an MLP of ``--dim``
 inputs and two ReLU layers of ``--hidden`` units, whose 1.6M-parameter
 gradient takes about as long to allreduce on Gloo (10.6 ms measured alone)
 as 256 samples take to compute (11.9 ms): with that fixed cost f next to
@@ -313,7 +315,7 @@ def main():
     parser.add_argument("--steps", type=int, default=400, help="steps per run")
     parser.add_argument("--window", type=int, default=200,
                         help="the last steps of a run whose throughput is compared")
-    parser.add_argument("--batch", type=int, default=128, help="per-worker batch")
+    parser.add_argument("--batch", type=int, default=512, help="per-worker batch")
     parser.add_argument("--model", choices=("conv", "mlp"), default="conv",
                         help="conv: two 3x3 convolutions (few parameters per FLOP); mlp: "
                              "two dense layers (the allreduce about as long as the compute)")
