@@ -96,7 +96,6 @@ CONFIGS = ("ssgd_small", "ssgd_large", "sma", "local_sgd", "post_local", "block_
 DECAYS = (0.5, 0.75)  # fractions of the sample budget where the LR drops 10x
 DECAY = 0.1
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
-PERIOD = 8  # H of the local strategies
 
 SETTINGS = {
     "test": 497, "hidden": 128,
@@ -105,6 +104,7 @@ SETTINGS = {
     "target": 0.975,
     "lr_small": 0.1, "lr_ssgd_large": 0.4, "lr_block_momentum": 0.05,
     "alpha": 0.1,
+    "period": 8,  # H of the local strategies (the adaptive policy's largest)
     "bmuf": {"block_lr": 1.0, "block_momentum": 0.5, "nesterov": True},
     "policy": {},  # SyncStrategyPolicy's defaults
     "lr_grid": {"ssgd_small": [0.02, 0.05, 0.1, 0.2], "ssgd_large": [0.1, 0.2, 0.4, 0.8]},
@@ -377,20 +377,20 @@ def worker(args):
         if config == "sma":
             return ModelAveraging(alpha=s["alpha"]), {"gradient_stats": False}, None
         if config == "local_sgd":
-            return LocalSGD(period=PERIOD), {"gradient_stats": False}, None
+            return LocalSGD(period=s["period"]), {"gradient_stats": False}, None
         if config == "post_local":
             first_decay = int(np.ceil(DECAYS[0] * budget / (workers * s["small"])))
-            return (LocalSGD(period=PERIOD, start_after=first_decay),
+            return (LocalSGD(period=s["period"], start_after=first_decay),
                     {"gradient_stats": False}, None)
         if config == "block_momentum":
-            return BlockMomentum(period=PERIOD, **s["bmuf"]), {"gradient_stats": False}, None
+            return BlockMomentum(period=s["period"], **s["bmuf"]), {"gradient_stats": False}, None
         return adaptive_setup()
 
     def adaptive_setup():
         """The adaptive configuration: both strategies declared, statistics on,
         the policy at its defaults, reading the communication fraction from a
         WorkerTimingMonitor (one small allgather per 10 steps)."""
-        local = LocalSGD(period=PERIOD)
+        local = LocalSGD(period=s["period"])
         timing = keras_adapt.callbacks.WorkerTimingMonitor(interval=10)
         policy = SyncStrategyPolicy(local=local, interval=10, timing=timing, **s["policy"])
         return [AllReduceSGD(), local], {"gradient_stats": True}, policy
