@@ -5,6 +5,7 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
     .venv/bin/python benchmarks/sync_strategies.py            # primary stack (~10-15 min)
     .venv-keras2/bin/python benchmarks/sync_strategies.py     # legacy stack
     .venv/bin/python benchmarks/sync_strategies.py --quick    # smoke run (< 1 min)
+    .venv/bin/python benchmarks/sync_strategies.py --configs ssgd_small adaptive   # a subset
 
 What it runs
 ------------
@@ -24,10 +25,14 @@ budget (``passes`` over the training set):
   until the first learning-rate decay, then local SGD (Lin et al.);
 * ``block_momentum`` ``BlockMomentum(period=8)`` (BMUF, block momentum
   0.5 = 1 - 1/N, Nesterov), 2 x 16;
-* ``adaptive``    ``SyncStrategyPolicy`` choosing between ``AllReduceSGD``
-  and ``LocalSGD(period=8)`` from its measurements (the noise scale, the
-  schedule, and the communication fraction of a ``WorkerTimingMonitor``),
-  2 x 16.
+* ``adaptive``    ``SyncStrategyPolicy`` at its defaults choosing the period
+  H in 1 (``AllReduceSGD``), 2, 4, 8 of ``LocalSGD`` from its measurements
+  (the noise scale against the global batch, the schedule, and the
+  communication fraction of a ``WorkerTimingMonitor``), 2 x 16.
+
+The local strategies' period is the setting ``period`` (8; e.g.
+``--set period=4`` runs ``local_sgd`` with H = 4, and makes 4 the adaptive
+policy's largest H).
 
 The per-worker batch is 16 everywhere but in ``ssgd_large``; every
 configuration but ``ssgd_large`` uses the small batch's LR. The LR drops
@@ -336,7 +341,7 @@ def worker(args):
             self.curve = []  # (global samples, updates, train seconds, acc, strategy, gns)
             self.hit = None
             self.updates = 0
-            self.strategies = []  # (update, strategy name) at each change
+            self.strategies = []  # (update, strategy name, period or None) at each change
 
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
@@ -344,9 +349,10 @@ def worker(args):
                 self.t0 = now  # the first update pays for tracing: not counted
             self.updates += 1
             samples = self.ds.samples * workers
-            name = self.model.optimizer.adapt_state.sync.strategy.name
-            if not self.strategies or self.strategies[-1][1] != name:
-                self.strategies.append((self.updates, name))
+            strategy = self.model.optimizer.adapt_state.sync.strategy
+            name, period = strategy.name, strategy.params().get("period")
+            if not self.strategies or self.strategies[-1][1:] != (name, period):
+                self.strategies.append((self.updates, name, period))
             done = samples >= self.budget
             while self.decay_at and samples >= self.decay_at[0]:
                 self.decay_at.pop(0)
@@ -432,7 +438,8 @@ def worker(args):
             "delayed": _hvd.delayed_collectives() - delayed_before if delay_ms else None,
             "strategies": tracker.strategies,
             "events": [] if policy is None else [
-                {"step": e["step"], "reason": e["reason"], "after": e["after"]["sync_strategy"]}
+                {"step": e["step"], "reason": e["reason"], "after": e["after"]["sync_strategy"],
+                 "period": e["after"].get("period")}
                 for e in policy.events],
             "curve": tracker.curve,
         }
