@@ -133,6 +133,15 @@ def test_communication_gate_with_a_strategy_without_a_period():
     assert policy.events[-1]["after"] == {"sync_strategy": "model_averaging", "alpha": 0.2}
 
 
+def test_without_noise_and_communication_rules_the_largest_period():
+    policy = SyncStrategyPolicy(local=LocalSGD(period=4), noise_scale=None, comm_fraction=None,
+                                timing=ScriptedTiming(), decay_ratio=None, warmup_updates=0,
+                                patience=1, min_switch_interval=0)
+    attach(policy)
+    assert decide(policy, 10, gns=1, batch=32) == "local_sgd" and policy.period() == 4
+    assert policy.events[0]["reason"] == "the local strategy (no noise rule): period 4"
+
+
 def test_post_local_floor_after_the_configured_learning_rate_decays():
     timing = ScriptedTiming()  # communication 0%: the gate keeps S-SGD
     policy = SyncStrategyPolicy(local=LocalSGD(period=8), comm_fraction=0.3, timing=timing,

@@ -295,16 +295,16 @@ class SyncStrategyPolicy(AdaptationPolicy):
             floor_reason = (f"post-local SGD: the learning rate decayed to {lr:.4g} from its "
                             f"peak {peak:.4g}")
         comm = self._sync_comm
-        if self.timing is not None and self.comm_fraction is not None and (
-                comm is None or comm < self.comm_fraction):
+        gated = self.timing is not None and self.comm_fraction is not None
+        if gated and (comm is None or comm < self.comm_fraction):
             period = 1
             reason = ("communication not measured yet" if comm is None else
                       f"communication {comm:.0%} of the AllReduceSGD step "
                       f"< {self.comm_fraction:.0%}")
         elif self.noise_scale is None:
             period = self.max_period
-            reason = "the local strategy (no noise rule)" if comm is None else (
-                f"communication {comm:.0%} of the AllReduceSGD step >= {self.comm_fraction:.0%}")
+            reason = (f"communication {comm:.0%} of the AllReduceSGD step "
+                      f">= {self.comm_fraction:.0%}") if gated else "the local strategy (no noise rule)"
         else:
             gns, batch = values.get("gns"), values.get("batch_size")
             if gns is None or not math.isfinite(gns) or not batch or batch <= 0:
