@@ -423,16 +423,19 @@ def test_resize_rule_values_and_errors():
 
 
 def test_commit_interval_auto_rule():
-    from keras_adapt.elastic.callbacks import AUTO_MAX_INTERVAL, auto_interval
+    from keras_adapt.elastic.callbacks import AUTO_MAX_COST, AUTO_MAX_INTERVAL, auto_interval
 
-    assert auto_interval(0.006, 0.003) == 200          # 6 ms commit / (1% of 3 ms)
-    assert auto_interval(0.001, 0.1) == 1
+    assert AUTO_MAX_COST == 0.005                      # half the 1% budget
+    assert auto_interval(0.006, 0.003) == 400          # 6 ms commit / (0.5% of 3 ms)
+    assert auto_interval(0.006, 0.003, max_cost=0.01) == 200
+    assert auto_interval(0.001, 0.2) == 1
+    assert auto_interval(0.001, 0.1) == 2              # 1 ms is 1% of one 100 ms step
     assert auto_interval(1.0, 0.001) == AUTO_MAX_INTERVAL
-    # k steps then one commit: the commit is at most 1% of the steps' time.
+    # k steps then one commit: the commit is at most 0.5% of the steps' time.
     for commit_s, step_s in ((0.006, 0.003), (0.002, 0.05), (0.0004, 0.0007)):
         k = auto_interval(commit_s, step_s)
-        assert commit_s <= 0.01 * k * step_s * (1 + 1e-9)
-        assert k == 1 or commit_s > 0.01 * (k - 1) * step_s
+        assert commit_s <= AUTO_MAX_COST * k * step_s * (1 + 1e-9)
+        assert k == 1 or commit_s > AUTO_MAX_COST * (k - 1) * step_s
 
 
 def test_commits_wait_for_the_end_of_an_accumulated_update():

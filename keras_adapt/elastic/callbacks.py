@@ -22,9 +22,16 @@ AUTO_FIRST_INTERVAL = 10
 AUTO_MEASURED_COMMITS = 3
 #: The most recent commit and step times "auto" takes the means of.
 AUTO_WINDOW = 1000
-#: The share of the step time "auto" lets commits cost.
-AUTO_MAX_COST = 0.01
-#: The longest interval "auto" chooses (a failure loses at most this many steps).
+#: The share of the step time "auto" aims the commits at: half of the 1%
+#: budget, the margin for what its rule does not see (the first commits of
+#: each ``fit``, every :data:`AUTO_FIRST_INTERVAL` steps, the commit at each
+#: epoch's end, and commit times that move by a factor of two between
+#: measurements on a loaded machine).
+AUTO_MAX_COST = 0.005
+#: The longest interval "auto" chooses: a failure loses at most this many
+#: steps (when it caps the interval, commits cost more than
+#: :data:`AUTO_MAX_COST`; give ``batches_per_commit`` an int to choose the
+#: other side of that trade).
 AUTO_MAX_INTERVAL = 1000
 
 
@@ -37,10 +44,10 @@ def auto_interval(commit_seconds, step_seconds, max_cost=AUTO_MAX_COST,
     Example:
 
     >>> from keras_adapt.elastic.callbacks import auto_interval
-    >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 200 steps
-    200
-    >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 2 steps
-    2
+    >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 400 steps
+    400
+    >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 3 steps
+    3
     """
     if not (commit_seconds >= 0.0 and step_seconds > 0.0):
         return AUTO_FIRST_INTERVAL
@@ -68,7 +75,8 @@ class CommitStateCallback(keras.callbacks.Callback):
             default): every :data:`AUTO_FIRST_INTERVAL` steps at first, then,
             after :data:`AUTO_MEASURED_COMMITS` commits of each ``fit`` and
             again after every :data:`AUTO_MEASURED_COMMITS` more, the
-            interval that keeps commits under 1% of the step time
+            interval that keeps commits under :data:`AUTO_MAX_COST` (0.5%)
+            of the step time
             (:func:`auto_interval` of the mean commit and step times of the
             fit so far, the last :data:`AUTO_WINDOW` of each: their total
             is what commits cost; averaged over the workers with one
