@@ -4,7 +4,9 @@ single-process rules of the elastic callbacks and the resize rule.
 
 Each job trains 3 epochs of 30 steps (tests/workers/elastic_train.py); the
 hosts file the discovery script prints is rewritten by rank 0 at a given
-step, or a worker SIGKILLs itself.
+step, or a worker SIGKILLs itself. A scale-up holds the job's steps (at
+most 120 s) until the driver has announced the added host, so the new
+worker joins while steps remain however long discovery takes under load.
 """
 
 import json
@@ -129,7 +131,7 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     # gets it in the sync), so update 90 averages the models.
     done, finals, events = _job(tmp_path, "scale", [
         {"step": 8, "do": "hosts", "hosts": ONE_HOST},
-        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1}],
+        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1, "await_join": True}],
         worker_args=["--sync", "local_sgd:3"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [2, 2]
@@ -164,7 +166,8 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     assert up["step"] == _first_step_with(old, 2, after=down["step"])["iterations"]
     assert old["lr"] == new["lr"] == pytest.approx(LR)
     assert old["stats"] == new["stats"] and old["stats"]["batch_size"] == 32.0
-    print(f"pauses: down {down['after']['pause_s']:.3f} s, up {up['after']['pause_s']:.3f} s")
+    print(f"pauses: down {down['after']['pause_s']:.3f} s, up {up['after']['pause_s']:.3f} s; "
+          f"held {old['join_wait_s']:.2f} s for the added host's announcement")
 
 
 def test_killed_worker_the_other_continues_from_the_last_commit_and_its_host_comes_back(
@@ -264,7 +267,8 @@ def test_scale_up_requested_by_a_policy(tmp_path, reference):
     assert (resize["before"]["batch_size"], resize["after"]["batch_size"]) == (32, 16)
     assert resize["step"] == _first_step_with(first, 2)["iterations"] > request["step"]
     print(f"policy asked at update {request['step']}, two workers from update "
-          f"{resize['step']}, pause {resize['after']['pause_s']:.3f} s")
+          f"{resize['step']}, pause {resize['after']['pause_s']:.3f} s; held "
+          f"{first['join_wait_s']:.2f} s for the added host's announcement")
 
 
 # -- one process: the rules of the callbacks, the state and the resize rule ----
@@ -952,9 +956,6 @@ def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path
     def fit(callbacks):
         elastic.fit(state, data, epochs=1, steps_per_epoch=3, callbacks=callbacks, verbose=0)
 
-    with pytest.raises(ValueError, match=r"save_freq='epoch'.*PreemptionCheckpoint\(directory, "
-                                         r"save_freq=None\)"):
-        fit([PreemptionCheckpoint(tmp_path)])
     with pytest.raises(ValueError, match="exit_code=None .*cannot work under elastic"):
         fit([PreemptionCheckpoint(tmp_path, save_freq=None, exit_code=None)])
     ckpt = PreemptionCheckpoint(tmp_path, save_freq=None)
@@ -970,3 +971,49 @@ def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path
     assert int(state.model.optimizer.iterations.numpy()) == 3
     assert (state.epoch, state.batch) == (1, 0)
     assert ckpt.checkpoints() == [] and ckpt.events == []  # no signal: nothing written
+
+
+def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_their_steps(
+        tmp_path):
+    """save_freq=2 under elastic.fit (one process): a commit at every second
+    update, then rank 0 writes the committed position; "epoch": after the
+    commit at each epoch's end. The files hold exactly those positions."""
+    import tensorflow as tf
+
+    from keras_adapt import elastic
+    from keras_adapt.callbacks import PreemptionCheckpoint
+
+    model = _model()
+    state = elastic.KerasState(model)
+    x, y = _data()
+
+    def data(epoch, batch):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+
+    every = PreemptionCheckpoint(tmp_path / "every", save_freq=2)
+    commit = elastic.CommitStateCallback(state, batches_per_commit=100)
+    elastic.fit(state, data, epochs=2, steps_per_epoch=5, callbacks=[every, commit], verbose=0)
+    # Updates 2, 4 | 6, 8, 10 (epoch ends: 5 and 10); commits at those and the epoch ends.
+    saved = [(e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"]) for e in every.events]
+    assert saved == [(2, 0, 2), (4, 0, 4), (6, 1, 1), (8, 1, 3), (10, 2, 0)]
+    assert commit.commits == 6  # the five above and the end of the first epoch
+    assert every.checkpoints() == [str(tmp_path / "every" / "ckpt-8"),
+                                   str(tmp_path / "every" / "ckpt-10")]
+    meta = every.read_meta(every.checkpoints()[0])
+    assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (1, 3, 8, 1)
+    # The newest holds the final weights and position: a fresh job resumes there.
+    fresh = elastic.KerasState(_model())
+    path = PreemptionCheckpoint(tmp_path / "every", save_freq=2).resume_elastic(fresh)
+    assert path == every.checkpoints()[-1] and (fresh.epoch, fresh.batch) == (2, 0)
+    assert int(fresh.optimizer.iterations.numpy()) == 10
+    for got, want in zip(fresh.model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+    by_epoch = PreemptionCheckpoint(tmp_path / "epoch", max_to_keep=5)  # save_freq="epoch"
+    state2 = elastic.KerasState(_model())
+    elastic.fit(state2, data, epochs=2, steps_per_epoch=5, callbacks=[by_epoch], verbose=0)
+    assert [(e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"])
+            for e in by_epoch.events] == [(5, 1, 0), (10, 2, 0)]
+    assert [os.path.basename(p) for p in by_epoch.checkpoints()] == ["ckpt-5", "ckpt-10"]
+    with pytest.raises(ValueError, match="save_freq=None .*give it save_freq="):
+        commit.save_to(PreemptionCheckpoint(tmp_path / "none", save_freq=None))

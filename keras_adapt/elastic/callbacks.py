@@ -11,6 +11,7 @@ import time
 
 import keras
 import numpy as np
+from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from keras_adapt.optimizer import UpdateBoundary
 
@@ -82,7 +83,18 @@ class CommitStateCallback(keras.callbacks.Callback):
             is what commits cost; averaged over the workers with one
             allreduce, so every rank commits at the same steps).
 
+    A :class:`~keras_adapt.callbacks.PreemptionCheckpoint` with a
+    ``save_freq`` handed over by :meth:`save_to` (:func:`~keras_adapt.elastic.fit`
+    does it) is written to disk by rank 0 right after the commits at its
+    schedule: a commit is also made at every ``save_freq``-th optimizer
+    update (``"epoch"``: the commit at each epoch's end), and once it
+    returns, or once every rank has agreed that workers come or go (the
+    state was saved), the checkpoint holds that committed position. The
+    write runs no collective, so a worker that joins later runs nothing the
+    others do not; its time is not counted in :attr:`commit_seconds`.
+
     Attributes:
+        checkpoint: the periodic disk checkpoint (None: none).
         commits: commits made so far.
         commit_seconds: the time they took in all (their cost to training).
         interval: the steps between commits now.
@@ -110,6 +122,7 @@ class CommitStateCallback(keras.callbacks.Callback):
             raise ValueError(f"batches_per_commit={k!r} is not valid; use a positive int "
                              "or 'auto' (the default)")
         self.state = state
+        self.checkpoint = None
         self.batches_per_commit = k
         self.interval = AUTO_FIRST_INTERVAL if k == "auto" else k
         self.commits = 0
@@ -123,6 +136,30 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._commit_times = collections.deque(maxlen=AUTO_WINDOW)
         self._step_times = collections.deque(maxlen=AUTO_WINDOW)
         self._step_start = None
+        self._updates = None  # optimizer updates done (counted when a checkpoint needs them)
+        self._write = False  # the checkpoint is written after the next commit
+
+    def save_to(self, checkpoint):
+        """Writes ``checkpoint`` (a :class:`~keras_adapt.callbacks.PreemptionCheckpoint`
+        made with ``save_freq``, bound to this state) after the commits of
+        its schedule (see above).
+
+        Example:
+
+        >>> import tempfile, keras, keras_adapt
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> from keras_adapt.elastic import KerasState, CommitStateCallback
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> cb = CommitStateCallback(KerasState(model))
+        >>> cb.save_to(PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=100))
+        >>> cb.checkpoint.save_freq
+        100
+        """
+        if checkpoint.save_freq is None:
+            raise ValueError("the checkpoint has save_freq=None (written on preemption only); "
+                             "give it save_freq=<updates> or 'epoch' to write it periodically")
+        self.checkpoint = checkpoint
 
     def _commit_if_due(self):
         if not self._due:
@@ -130,11 +167,18 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._due = False
         self.commits += 1
         start = time.perf_counter()
+        agreed = False  # the state is saved and every rank passed the check
         try:
             self.state.commit()
+            agreed = True
+        except HostsUpdatedInterrupt:  # all ranks agreed to re-form the job here
+            agreed = True
+            raise
         finally:
             took = time.perf_counter() - start
             self.commit_seconds += took
+            if agreed:
+                self._write_checkpoint()
         if self.batches_per_commit == "auto":
             self._commit_times.append(took)
             self._fit_commits += 1
@@ -142,6 +186,11 @@ class CommitStateCallback(keras.callbacks.Callback):
                 start = time.perf_counter()
                 self._choose_interval()
                 self.commit_seconds += time.perf_counter() - start  # part of the cost
+
+    def _write_checkpoint(self):
+        if self._write:
+            self._write = False
+            self.checkpoint.save_elastic(self.state)
 
     def _choose_interval(self):
         """Every rank runs this at the same commit: one allreduce averages
@@ -162,6 +211,10 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._step_start = None
         self._boundary = UpdateBoundary(self.state.optimizer)
         self._at_boundary = True
+        self._write = False
+        self._updates = None
+        if self.checkpoint is not None and self.checkpoint.save_freq != "epoch":
+            self._updates = int(self.state.optimizer.iterations.numpy())
         if self.batches_per_commit == "auto":
             self.interval = AUTO_FIRST_INTERVAL
             self.measured = None
@@ -185,6 +238,10 @@ class CommitStateCallback(keras.callbacks.Callback):
         if self._since >= self.interval and self._at_boundary:
             self._since = 0
             self._due = True
+        if self._updates is not None and self._at_boundary:
+            self._updates += 1
+            if self.checkpoint.periodic_due(self._updates):
+                self._due = self._write = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._step_start = None
@@ -196,6 +253,8 @@ class CommitStateCallback(keras.callbacks.Callback):
             self._due = True
         else:  # an update spans the epoch's end: commit after its last micro-step
             self._since = self.interval
+        if self.checkpoint is not None and self.checkpoint.save_freq == "epoch":
+            self._write = True
 
     def on_train_end(self, logs=None):
         self._commit_if_due()
