@@ -80,7 +80,7 @@ class CommitStateCallback(keras.callbacks.Callback):
             of the step time
             (:func:`auto_interval` of the mean commit and step times of the
             fit so far, the last :data:`AUTO_WINDOW` of each: their total
-            is what commits cost; averaged over the workers with one
+            is what commits cost; the largest over the workers, by one
             allreduce, so every rank commits at the same steps).
 
     A :class:`~keras_adapt.callbacks.PreemptionCheckpoint` with a
@@ -98,8 +98,8 @@ class CommitStateCallback(keras.callbacks.Callback):
         commits: commits made so far.
         commit_seconds: the time they took in all (their cost to training).
         interval: the steps between commits now.
-        measured: ``(commit_seconds, step_seconds)``, the workers' mean
-            commit and step times from which "auto" last chose ``interval``
+        measured: ``(commit_seconds, step_seconds)``, the largest of the
+            workers' mean commit and step times from which "auto" last chose ``interval``
             in this ``fit`` (None before it chose).
 
     Example:
@@ -193,11 +193,12 @@ class CommitStateCallback(keras.callbacks.Callback):
             self.checkpoint.save_elastic(self.state)
 
     def _choose_interval(self):
-        """Every rank runs this at the same commit: one allreduce averages
-        the measurements, so all choose the same interval."""
+        """Every rank runs this at the same commit: one allreduce takes the
+        largest of the workers' mean times (a commit costs the job what it
+        costs its slowest rank), so all choose the same interval."""
         from keras_adapt import _hvd
 
-        commit_s, step_s = _hvd.host_allreduce_mean(
+        commit_s, step_s = _hvd.host_allreduce_max(
             [np.mean(self._commit_times), np.mean(self._step_times or [0.0])],
             name="keras_adapt_commit_interval")
         self.measured = (float(commit_s), float(step_s))
