@@ -1017,3 +1017,91 @@ def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_the
     assert [os.path.basename(p) for p in by_epoch.checkpoints()] == ["ckpt-5", "ckpt-10"]
     with pytest.raises(ValueError, match="save_freq=None .*give it save_freq="):
         commit.save_to(PreemptionCheckpoint(tmp_path / "none", save_freq=None))
+
+
+def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_rule(tmp_path):
+    """Two workers ("scale", rates given for two) write a checkpoint every 25
+    updates (save_freq=25: rank 0, right after the commit there); the job
+    ends after 2 epochs (60 updates) with its last disk checkpoint at 50.
+    The same command on ONE worker to 3 epochs resumes at update 50 with
+    the rule applied: half the learning rate, the per-worker batch kept
+    (the global batch halves), recorded in the ``resume`` event."""
+    from keras_adapt.callbacks import PreemptionCheckpoint
+    from keras_adapt.events import read_events
+
+    log, ckdir = tmp_path / "log", tmp_path / "ck"
+    script, hosts = discovery_script(tmp_path, TWO_HOSTS)
+
+    def job(out, epochs, np):
+        out.mkdir()
+        args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", "scale",
+                "--epochs", epochs, "--steps", STEPS, "--commit", COMMIT, "--lr", LR,
+                "--checkpoint", ckdir, "--save-freq", 25]
+        done = horovodrun_elastic("elastic_train.py", args, script, np=np, min_np=1, max_np=2,
+                                  timeout=300)
+        assert done.leftover == 0
+        return sorted((json.load(open(out / n)) for n in os.listdir(out)
+                       if n.startswith("final_")), key=lambda r: r["rank"])
+
+    two = job(tmp_path / "two", 2, 2)
+    assert [(f["rank"], f["workers"], f["iterations"]) for f in two] == [(0, 2, 60), (1, 2, 60)]
+    assert two[0]["weights"] == two[1]["weights"]
+    saves = read_events(str(log))
+    assert [(e["kind"], e["rank"], e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"])
+            for e in saves] == [("checkpoint", 0, 25, 0, 25), ("checkpoint", 0, 50, 1, 20)]
+    ckpt = PreemptionCheckpoint(ckdir)
+    assert ckpt.checkpoints() == [str(ckdir / "ckpt-25"), str(ckdir / "ckpt-50")]
+    meta = ckpt.read_meta(ckpt.checkpoints()[-1])
+    assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (1, 20, 50, 2)
+    assert all(s["lr"] == pytest.approx(LR) and s["batch_size"] == 16 for s in two[0]["steps"])
+
+    with open(hosts, "w") as f:
+        f.write(ONE_HOST)
+    (one,) = job(tmp_path / "one", EPOCHS, 1)
+    assert (one["workers"], one["epoch"], one["batch"], one["iterations"]) == (1, EPOCHS, 0, TOTAL)
+    # From the disk checkpoint at 50: updates 50-59 of the ended job run again.
+    assert _ids(one) == list(range(50, TOTAL)) and one["restores"] == 0
+    assert one["steps"][0]["iterations"] == 51
+    # The rule for 2 -> 1 workers from the first step: linear scaling, half the rate.
+    assert {s["batch_size"] for s in one["steps"]} == {16}
+    assert {s["workers"] for s in one["steps"]} == {1}
+    for s in one["steps"]:
+        assert s["lr"] == pytest.approx(LR / 2, rel=1e-6)
+    resume, periodic = read_events(str(log))[2:]
+    assert resume["kind"] == "resume" and resume["rank"] == 0 and resume["step"] == 50
+    assert resume["after"]["checkpoint"] == str(ckdir / "ckpt-50")
+    assert (resume["before"]["workers"], resume["after"]["workers"]) == (2, 1)
+    assert (resume["before"]["global_batch"], resume["after"]["global_batch"]) == (32, 16)
+    assert (resume["before"]["batch_size"], resume["after"]["batch_size"]) == (16, 16)
+    assert (resume["before"]["lr"], resume["after"]["lr"]) == pytest.approx((LR, LR / 2))
+    assert resume["after"]["lr_factor"] == 0.5
+    # The one-worker job goes on writing its own periodic checkpoints.
+    assert (periodic["kind"], periodic["step"]) == ("checkpoint", 75)
+    assert ckpt.read_meta(ckpt.checkpoints()[-1])["workers"] == 1
+    print(f"2 workers saved at 25 and 50; 1 worker resumed at 50 with lr {one['lr']:.4f} "
+          f"(x{resume['after']['lr_factor']}), global batch 32 -> 16")
+
+
+def test_a_checkpoint_of_two_workers_resumed_by_one_keeps_the_global_batch_of_its_dataset():
+    """ "keep" with an AdaptiveBatchDataset and a GlobalBatchSize: the data
+    position restored from a two-worker checkpoint holds its micro-batch of
+    16; rescale_from(2) gives the one worker the whole global batch of 32."""
+    from keras_adapt import elastic
+    from keras_adapt.actuators import GlobalBatchSize
+    from keras_adapt.data import AdaptiveBatchDataset
+
+    x, y = _data(128)
+    model = _model(lr=0.04)
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=32, num_workers=1, rank=0, shuffle=False)
+    batch = GlobalBatchSize(model, dataset=ds, max_micro_batch_size=32)
+    state = elastic.KerasState(model, rule=elastic.ResizeRule("keep", global_batch=32),
+                               dataset=ds)
+    assert state.rescale_from(1) == {"before": {}, "after": {}}  # the same count: nothing
+    ds.micro_batch_size = 16  # as restored: each of two workers took 16
+    out = state.rescale_from(2)
+    assert (ds.micro_batch_size, batch.workers, batch.value, state.batch_size) == (32, 1, 32, 32)
+    assert (out["before"]["global_batch"], out["after"]["global_batch"]) == (32, 32)
+    assert (out["before"]["batch_size"], out["after"]["batch_size"]) == (16, 32)
+    assert out["after"]["lr"] == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="before=0 is not valid"):
+        state.rescale_from(0)

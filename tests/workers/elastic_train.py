@@ -27,7 +27,8 @@ state, which re-shards it on every reset; the rule acts through them.
 
 ``--checkpoint DIR``: a PreemptionCheckpoint(DIR, save_freq=None) among the
 callbacks: when every worker is signalled it is written and every worker
-exits with 75; the same command again resumes from it.
+exits with 75; the same command again resumes from it (with any worker
+count). ``--save-freq N``: its save_freq (written every N updates too).
 
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
@@ -80,6 +81,7 @@ parser.add_argument("--request-at", type=int, default=None)
 parser.add_argument("--sync", default=None, help="local_sgd:H")
 parser.add_argument("--adaptive-data", action="store_true")
 parser.add_argument("--checkpoint", default=None)
+parser.add_argument("--save-freq", type=int, default=None)
 args = parser.parse_args()
 
 DIM, SAMPLES = 8, 4096
@@ -227,7 +229,8 @@ commit = elastic.CommitStateCallback(
 callbacks = [commit, elastic.UpdateBatchStateCallback(state),
              elastic.UpdateEpochStateCallback(state), GradientStatsMonitor(interval=5), recorder]
 if args.checkpoint is not None:
-    callbacks.append(PreemptionCheckpoint(args.checkpoint, save_freq=None, log_dir=args.log_dir))
+    callbacks.append(PreemptionCheckpoint(args.checkpoint, save_freq=args.save_freq,
+                                          log_dir=args.log_dir))
 if args.request_workers is not None:
     callbacks.append(RequestAt(state, args.request_at, args.request_workers, recorder))
 syncs = []
