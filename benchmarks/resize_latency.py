@@ -135,11 +135,15 @@ def worker():
     state_commit = state.commit
 
     def timed_commit():  # the commits' CPU time (the callback measures their wall time)
-        start = time.process_time()
+        start, wall = time.process_time(), time.perf_counter()
         try:
             state_commit()
         finally:
             commit_cpu.append(time.process_time() - start)
+            schedule.append((int(model.optimizer.iterations.numpy()), commit.interval,
+                             round(1e3 * (time.perf_counter() - wall), 2)))
+
+    schedule = []  # (update, interval then, commit ms) of every commit
 
     state.commit = timed_commit
     marks = {"down": False, "up": False, "shrank_at": None}
@@ -198,6 +202,7 @@ def worker():
         result = {"resizes": state.resizes, "commits": commit.commits,
                   "commit_seconds": commit.commit_seconds, "interval": commit.interval,
                   "wall": sum(walls), "cpu": sum(cpus), "commit_cpu": sum(commit_cpu),
+                  "schedule": schedule,
                   "iterations": int(model.optimizer.iterations.numpy()),
                   **describe_stack(os.getloadavg()[0])}
         with open(os.path.join(args.out, "rank0.json"), "w") as f:
@@ -228,6 +233,7 @@ def main():
             "vs_off_cpu": round(per_step(commit, "cpu") / per_step(off, "cpu"), 4),
             "downs": [round(d, 3) for d in downs], "ups": [round(u, 3) for u in ups],
             "commit_interval": commit["interval"], "commits": commit["commits"],
+            "commit_schedule": commit["schedule"],
             "commit_ms": round(1e3 * commit["commit_seconds"] / max(commit["commits"], 1), 2),
             "step_ms": round(1e3 * (commit["wall"] - commit["commit_seconds"])
                              / commit["iterations"], 2),

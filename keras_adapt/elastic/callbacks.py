@@ -79,7 +79,8 @@ class CommitStateCallback(keras.callbacks.Callback):
             interval that keeps commits under :data:`AUTO_MAX_COST` (0.5%)
             of the step time
             (:func:`auto_interval` of the mean commit and step times of the
-            fit so far, the last :data:`AUTO_WINDOW` of each: their total
+            fit so far, its first step, the trace, left out; the last
+            :data:`AUTO_WINDOW` of each: their total
             is what commits cost; the largest over the workers, by one
             allreduce, so every rank commits at the same steps).
 
@@ -137,6 +138,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._step_times = collections.deque(maxlen=AUTO_WINDOW)
         self._step_start = None
         self._updates = None  # optimizer updates done (counted when a checkpoint needs them)
+        self._traced = False  # the fit's first step (its trace) has been timed
         self._write = False  # the checkpoint is written after the next commit
 
     def save_to(self, checkpoint):
@@ -214,6 +216,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._at_boundary = True
         self._write = False
         self._updates = None
+        self._traced = False
         if self.checkpoint is not None and self.checkpoint.save_freq != "epoch":
             self._updates = int(self.state.optimizer.iterations.numpy())
         if self.batches_per_commit == "auto":
@@ -226,9 +229,13 @@ class CommitStateCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         # A step's time: from the start of one step to the start of the next
         # (every callback included), before the commit that may come between.
+        # The first step of a fit is not one: it traces the train function
+        # (seconds), which would shorten the interval for AUTO_WINDOW steps.
         now = time.perf_counter()
         if self._step_start is not None and self.batches_per_commit == "auto":
-            self._step_times.append(now - self._step_start)
+            if self._traced:
+                self._step_times.append(now - self._step_start)
+            self._traced = True
         self._commit_if_due()
         self._step_start = time.perf_counter()
 
