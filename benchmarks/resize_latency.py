@@ -25,7 +25,8 @@ synthetic regression, global batch 64 kept over the worker count
   the commit job's wall / CPU time per step over this one's. They hold
   everything a commit-enabled run pays per step beyond the commits
   themselves (the callbacks' host work, the step after a commit running
-  slower), within the noise of two separate jobs.
+  slower), within the noise of two separate jobs. ``commit_schedule``
+  lists every commit of the commit job: ``[update, interval then, ms]``.
 * ``resize`` (``--repeats`` jobs): 2 workers; rank 0 rewrites the discovery
   file to one host after 50 steps, and back to two hosts 100 steps after
   the job shrank; each step sleeps ``--pace`` seconds so the changes land
