@@ -29,7 +29,8 @@ sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
   run, the fastest to the target: the batch and rate a user would have
   tuned;
 * ``gns``     ``GNSBatchSizePolicy`` with the library's defaults (batch ->
-  1 x the measured noise scale, the LR scaled linearly with it): starts at
+  2 x the measured noise scale, while 300 updates remain in the sample
+  budget, which it is told; the LR scaled linearly with it): starts at
   the small batch with the small batch's LR; the batch grows through the
   dataset's micro-batch;
 * ``goodput`` ``GoodputBatchSizePolicy`` with the library's defaults (no
@@ -83,7 +84,7 @@ small 0.05 (grid 0.005-0.1), large not yet tuned (0.4, the square-root
 scaled rate; the sweep tries five rates at 2048 anyway); digits small 0.1
 (grid 0.01-0.2), large 0.2 (grid 0.1-1.6). The policies reuse the small
 batch's LR untouched. ``GNSBatchSizePolicy`` gets only what the benchmark
-must give (bounds, dataset, largest micro-batch): every other setting is the
+must give (bounds, dataset, largest micro-batch, the sample budget): every other setting is the
 library's default, the same on every task (docs/policies.md, "When adaptive
 batch size pays off", says how they were chosen). ``GoodputBatchSizePolicy``
 runs the library's defaults too (how they were chosen: below), its
@@ -596,14 +597,16 @@ def worker(args):
         micro = batch // workers
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=micro, seed=0)
         callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
+        budget = int(s["passes"] * len(x))
         policy = None
         if adaptive:
+            # Each policy keeps its own (default) learning-rate rule; the GNS
+            # policy is told the run's sample budget, as a user would.
+            extra = {"sample_budget": budget} if config == "gns" else {}
             cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
-            # Each policy keeps its own (default) learning-rate rule.
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
-                         max_micro_batch_size=s["max_batch"] // workers, **s[config])
+                         max_micro_batch_size=s["max_batch"] // workers, **extra, **s[config])
             callbacks.append(policy)
-        budget = int(s["passes"] * len(x))
         tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
         callbacks.append(tracker)
         max_steps = budget // (workers * micro) + 10

@@ -70,7 +70,7 @@ def test_gns_policy_scripted_decisions_bounds_hysteresis_interval():
     n = keras_adapt.size()
     policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
                                 hysteresis=0.5, min_change_interval=30, warmup_updates=0,
-                                interval=10)
+                                interval=10, gns_multiple=1.0)
     script = [
         (10, 20.0 * n),    # target 20n < 1.5 x 16n: inside the band, no change
         (20, 40.0 * n),    # 40n >= 24n: grow to 40n -> 48n (k = 3, the nearest)
@@ -92,7 +92,7 @@ def test_gns_policy_decreases_only_when_allowed_and_not_below_min():
     n = keras_adapt.size()
     policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
                                 hysteresis=0.25, min_change_interval=0, warmup_updates=0,
-                                allow_decrease=True, interval=10)
+                                allow_decrease=True, interval=10, gns_multiple=1.0)
     decisions = _drive(policy, model, [(10, 128.0 * n), (20, 110.0 * n), (30, 60.0 * n),
                                        (40, 1.0)])
     assert decisions == [(10, 16 * n, 128 * n), (30, 128 * n, 64 * n), (40, 64 * n, 16 * n)]
@@ -111,7 +111,7 @@ def test_gns_policy_warmup_counts_updates_not_measurements():
     model = _model()
     stats = model.optimizer.gradient_statistics
     policy = GNSBatchSizePolicy(min_batch=16, max_batch=1024, micro_batch_size=16,
-                                warmup_updates=1000, min_change_interval=0, interval=10)
+                                warmup_updates=1000, min_change_interval=0, interval=10, gns_multiple=1.0)
     policy.set_model(model)
     _script_gns(model, 500.0, updates=150, stats_interval=10)
     assert stats.result()["covered_updates"] == 1500
@@ -144,21 +144,23 @@ def test_gns_policy_moves_lr_with_the_rule_and_writes_events(tmp_path):
 
 def test_gns_policy_defaults_follow_the_noise_scale_with_linear_lr():
     # The library's defaults (the time-to-accuracy benchmark runs with them):
-    # gns_multiple 1, hysteresis 0.25, a change at most every 20 updates,
-    # 50 warm-up updates, the learning rate scaled linearly with the batch.
+    # gns_multiple 2, hysteresis 0.25, a change at most every 20 updates,
+    # 50 warm-up updates, no sample budget (300 updates kept when one is
+    # given), the learning rate scaled linearly with the batch.
     model = _model(lr=0.1)
     n = keras_adapt.size()
     policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
                                 warmup_updates=0)
     assert (policy.gns_multiple, policy.hysteresis, policy.min_change_interval,
-            GNSBatchSizePolicy(16, 256).warmup_updates) == (1.0, 0.25, 20, 50)
+            GNSBatchSizePolicy(16, 256).warmup_updates) == (2.0, 0.25, 20, 50)
+    assert (policy.sample_budget, policy.min_updates_left) == (None, 300)
     assert policy.get_config()["scaling_rule"] == {"name": "linear", "warmup_steps": 0}
     script = [
-        (10, 19.0 * n),   # 19n < 1.25 x 16n = 20n: inside the band
-        (20, 32.0 * n),   # grow to 1 x 32n (k = 2)
-        (30, 128.0 * n),  # 10 updates since the change (< 20): wait
-        (40, 128.0 * n),  # 20 since the change: grow to 128n (k = 8)
-        (60, 150.0 * n),  # 150n < 1.25 x 128n = 160n: inside the band
+        (10, 9.5 * n),    # 2 x 9.5n = 19n < 1.25 x 16n = 20n: inside the band
+        (20, 16.0 * n),   # grow to 2 x 16n = 32n (k = 2)
+        (30, 64.0 * n),   # 10 updates since the change (< 20): wait
+        (40, 64.0 * n),   # 20 since the change: grow to 128n (k = 8)
+        (60, 75.0 * n),   # 150n < 1.25 x 128n = 160n: inside the band
     ]
     assert _drive(policy, model, script) == [(20, 16 * n, 32 * n), (40, 32 * n, 128 * n)]
     lrs = [(e["step"], e["after"]["lr_factor"], e["after"]["lr"])
@@ -167,6 +169,40 @@ def test_gns_policy_defaults_follow_the_noise_scale_with_linear_lr():
     assert [(s, f) for s, f, _ in lrs] == [(20, 2.0), (40, 8.0)]
     assert [lr for _, _, lr in lrs] == pytest.approx([0.2, 0.8], rel=1e-6)
     assert policy.lr_follower.lr.current_lr() == pytest.approx(0.8, rel=1e-6)
+
+
+def test_gns_policy_sample_budget_caps_growth_to_keep_updates_left():
+    # A budget of 20000n samples, 100 updates to keep: at update 10 (160n
+    # samples trained at 16n) the cap is (20000n - 160n) // 100 and the
+    # batch grows only to it; from then on every update takes 192n samples,
+    # the cap shrinks below a band-sized step, and the batch stays (the cap
+    # never shrinks it).
+    model = _model()
+    n = keras_adapt.size()
+    budget, keep = 20_000 * n, 100
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=1024 * n, micro_batch_size=16,
+                                warmup_updates=0, min_change_interval=0, interval=10,
+                                sample_budget=budget, min_updates_left=keep)
+    decisions = _drive(policy, model, [(10, 500.0 * n), (20, 500.0 * n), (100, 500.0 * n)])
+    cap = (budget - 10 * 16 * n) // keep
+    assert cap == 198 * n
+    assert decisions == [(10, 16 * n, 192 * n)]  # 198n through 16-sample micro-batches: k = 12
+    reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
+    assert f"{budget - 160 * n} samples left: at most {cap} for 100 updates" in reasons[0]
+    assert policy.samples == 10 * 16 * n + 90 * 192 * n
+    assert policy.budget_cap() == max(16 * n, (budget - policy.samples) // keep) == 25 * n
+    assert policy.batch.value == 192 * n
+    assert policy.get_state()["samples"] == policy.samples
+
+
+def test_gns_policy_without_a_budget_grows_to_max_batch():
+    model = _model()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=1024 * n, micro_batch_size=16,
+                                warmup_updates=0, min_change_interval=0, interval=10)
+    assert policy.budget_cap() == 1024 * n
+    assert _drive(policy, model, [(10, 5000.0 * n)]) == [(10, 16 * n, 1024 * n)]
+    assert policy.samples == 10 * 16 * n
 
 
 def test_gns_policy_without_a_rule_leaves_the_learning_rate():
@@ -227,7 +263,8 @@ def test_lr_scaling_policy_follows_batch_events_at_the_same_step():
 def test_config_round_trip():
     policies = [
         GNSBatchSizePolicy(32, 512, gns_multiple=2.0, hysteresis=0.1, scaling_rule="adascale",
-                           micro_batch_size=32, interval=5),
+                           micro_batch_size=32, interval=5, sample_budget=100_000,
+                           min_updates_left=50),
         GoodputBatchSizePolicy(32, 512, hysteresis=0.2, micro_batch_size=32),
         ScheduledBatchSizePolicy({3: 128, 6: 512}, micro_batch_size=32),
         LRScalingPolicy("sqrt", base_batch=64),
@@ -259,6 +296,7 @@ def test_state_round_trip_resumes_batch_lr_and_progress(tmp_path):
     assert resumed.batch.accumulation.steps == 8
     assert resumed.lr_follower.lr.factor == pytest.approx(saved["lr_factor"])
     assert resumed.lr_follower.lr.progress == pytest.approx(123.5)
+    assert resumed.samples == saved["samples"] == 10 * 16 * n + 10 * 128 * n
     assert resumed.events[0]["kind"] == "resume"
 
 
@@ -288,6 +326,8 @@ def test_base_policy_calls_adapt_every_interval_updates_with_statistics():
     (lambda: GNSBatchSizePolicy(32, 64, scaling_rule="cubic"), ValueError, "unknown scaling rule"),
     (lambda: GNSBatchSizePolicy(32, 64, interval=0), ValueError, "interval=0"),
     (lambda: GNSBatchSizePolicy(32, 64, allow_decrease="yes"), TypeError, "allow_decrease"),
+    (lambda: GNSBatchSizePolicy(32, 64, sample_budget=0), ValueError, "sample_budget=0"),
+    (lambda: GNSBatchSizePolicy(32, 64, min_updates_left=0.5), ValueError, "min_updates_left=0.5"),
     (lambda: GoodputBatchSizePolicy(64, 32), ValueError, "larger than max_batch"),
     (lambda: GoodputBatchSizePolicy(32, 64, min_efficiency=0), ValueError, "min_efficiency=0"),
     (lambda: ScheduledBatchSizePolicy({}), ValueError, "non-empty dict"),

@@ -17,15 +17,16 @@ def _check_nonneg_float(name, value, positive=False):
 class GNSBatchSizePolicy(BatchSizePolicy):
     """Moves the global batch toward a multiple of the gradient noise scale.
 
-    The noise scale B_simple = tr(Sigma) / |G|^2 is the critical batch: below
-    it, a larger batch buys almost proportionally fewer steps; above it,
-    little (McCandlish et al. 2018). It grows as training progresses, so a
+    The noise scale B_simple = tr(Sigma) / |G|^2 estimates the critical
+    batch: below it, a larger batch buys almost proportionally fewer steps;
+    above it, little (McCandlish et al. 2018). It grows as training progresses, so a
     batch that follows it stays efficient throughout: small while the
     gradient is clean, large once noise dominates (the policy the KungFu
     paper proposes).
 
     Every ``interval`` updates the target ``gns_multiple x B_simple`` is
-    clipped to ``[min_batch, max_batch]``. The batch changes only when
+    clipped to ``[min_batch, max_batch]`` (and to the budget's cap, below).
+    The batch changes only when
 
     * the statistics cover at least ``warmup_updates`` optimizer updates
       (``covered_updates``: with ``stats_interval`` N, one measurement covers N),
@@ -37,10 +38,23 @@ class GNSBatchSizePolicy(BatchSizePolicy):
 
     A noise scale that is not finite (nothing resolved yet) changes nothing.
 
+    With a ``sample_budget`` (the global samples the whole run trains on,
+    e.g. ``epochs x len(x)``) the batch also stays small enough that the
+    rest of the budget is at least ``min_updates_left`` updates: it grows to
+    at most ``samples left / min_updates_left`` (:meth:`budget_cap`), and
+    not at all when that leaves less than a band-sized step. Training at
+    the critical batch costs about twice the minimal samples (McCandlish et
+    al.); when the budget is loose that buys time for free, when it is
+    tight the run ends under-trained, with too few updates left for the end
+    of its schedule. The cap only limits growth: by itself it never shrinks
+    the batch.
+
     The defaults were chosen on ``benchmarks/time_to_accuracy.py`` (see
     docs/policies.md, "When adaptive batch size pays off"): the batch goes
-    to the critical batch (``gns_multiple`` 1: about twice the minimal
-    updates and twice the minimal samples, McCandlish et al.), the learning
+    to twice the measured noise scale (``gns_multiple`` 2; 1, the critical
+    batch of McCandlish et al., grew too slowly on digits, and 2 lost
+    accuracy on the tight budget of the wide task until the budget rule
+    kept ``min_updates_left`` 300 updates), the learning
     rate scales linearly with it (the small batch's progress per sample;
     AdaScale's gain, about half the scale at the critical batch, expects a
     schedule that runs on its progress, and under a fixed sample budget it
@@ -57,6 +71,10 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         warmup_updates: optimizer updates the statistics must cover before
             the first decision (independent of ``stats_interval``).
         allow_decrease: also shrink the batch when the noise scale falls.
+        sample_budget: global training samples of the whole run (None: no
+            budget, the batch follows the noise scale up to ``max_batch``).
+        min_updates_left: updates the budget must still hold at the new
+            batch (>= 1; default 300, see docs/policies.md).
         scaling_rule: how the learning rate follows the batch (default
             ``"linear"``: lr x B / base_batch, Goyal et al.); ``None`` leaves
             it alone (e.g. when an :class:`LRScalingPolicy` drives it).
@@ -80,10 +98,14 @@ class GNSBatchSizePolicy(BatchSizePolicy):
 
     needs_statistics = True
 
-    def __init__(self, min_batch, max_batch, gns_multiple=1.0, hysteresis=0.25,
+    def __init__(self, min_batch, max_batch, gns_multiple=2.0, hysteresis=0.25,
                  min_change_interval=20, warmup_updates=50, allow_decrease=False,
-                 scaling_rule="linear", **kwargs):
+                 sample_budget=None, min_updates_left=300, scaling_rule="linear", **kwargs):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
+        self.sample_budget = (None if sample_budget is None
+                              else _check_positive_int("sample_budget", sample_budget))
+        self.min_updates_left = _check_positive_int("min_updates_left", min_updates_left)
+        self.samples = 0  # global samples trained so far, counted per update
         self.gns_multiple = _check_nonneg_float("gns_multiple", gns_multiple, positive=True)
         self.hysteresis = _check_nonneg_float("hysteresis", hysteresis)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
@@ -92,9 +114,22 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
         self.allow_decrease = allow_decrease
 
+    def on_update_end(self):
+        if self.batch.value is not None:
+            self.samples += self.batch.value
+
+    def budget_cap(self):
+        """The largest global batch that leaves ``min_updates_left`` updates in
+        the sample budget (``max_batch`` without a budget; never below
+        ``min_batch``)."""
+        if self.sample_budget is None:
+            return self.max_batch
+        left = max(0, self.sample_budget - self.samples)
+        return min(self.max_batch, max(self.min_batch, left // self.min_updates_left))
+
     def target_for(self, gns):
         """The clipped target global batch for noise scale ``gns``."""
-        return min(max(self.gns_multiple * gns, self.min_batch), self.max_batch)
+        return min(max(self.gns_multiple * gns, self.min_batch), self.budget_cap())
 
     def should_change(self, step, gns, covered_updates, current):
         """The decision rule: the target batch, or None to keep ``current``."""
@@ -107,6 +142,12 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         raw = self.gns_multiple * gns
         band = 1.0 + self.hysteresis
         if raw >= current * band and current < self.max_batch:
+            cap = self.budget_cap()
+            # max_batch is a fixed bound: the batch may move all the way to
+            # it; the budget's cap shrinks as training goes on, so a step
+            # toward it is made only while it is still band-sized.
+            if cap < self.max_batch and cap < current * band:
+                return None
             return self.target_for(gns)
         if self.allow_decrease and raw * band <= current and current > self.min_batch:
             return self.target_for(gns)
@@ -120,7 +161,7 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             self.change_batch(
                 target,
                 f"gns {gns:.1f} x {self.gns_multiple:g} -> target {target:.0f} "
-                f"(batch {current}, band x{1 + self.hysteresis:g})",
+                f"(batch {current}, band x{1 + self.hysteresis:g}{self._budget_note(gns)})",
                 values,
             )
 
@@ -128,5 +169,22 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         config = super().get_config()
         config.update(gns_multiple=self.gns_multiple, hysteresis=self.hysteresis,
                       min_change_interval=self.min_change_interval,
-                      warmup_updates=self.warmup_updates, allow_decrease=self.allow_decrease)
+                      warmup_updates=self.warmup_updates, allow_decrease=self.allow_decrease,
+                      sample_budget=self.sample_budget, min_updates_left=self.min_updates_left)
         return config
+
+    def get_state(self):
+        state = super().get_state()
+        state.update(samples=self.samples)
+        return state
+
+    def restore(self, state):
+        super().restore(state)
+        self.samples = int(state.get("samples", 0))
+
+    def _budget_note(self, gns):
+        cap = self.budget_cap()
+        if cap >= min(self.gns_multiple * gns, self.max_batch):
+            return ""
+        left = self.sample_budget - self.samples
+        return f"; {left} samples left: at most {cap} for {self.min_updates_left} updates"
