@@ -354,5 +354,8 @@ def test_resize_latency_quick():
     assert 0 < line["down_s"] < 60 and 0 < line["up_s"] < 120
     # The commits cost something; how much is the benchmark's result (not
     # asserted on this shared machine).
-    assert line["commit_ratio"] > 1.0
+    assert line["commit_ratio"] > 1.0 and line["commit_ratio_cpu"] > 1.0
     assert line["commit_interval"] >= 1 and line["commit_ms"] > 0 and line["step_ms"] > 0
+    assert line["step_cpu_ms"] > 0 and line["off_step_cpu_ms"] > 0 and line["off_step_ms"] > 0
+    assert line["vs_off_wall"] == pytest.approx(
+        line["step_ms"] * line["commit_ratio"] / line["off_step_ms"], rel=0.02)
