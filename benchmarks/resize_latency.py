@@ -17,7 +17,16 @@ synthetic regression, global batch 64 kept over the worker count
 * ``commit``: one job of 2 workers, 2 epochs of 1500 steps, no change
   (long enough for "auto" to settle): ``commit_ratio`` is the
   training wall time over the same time without the commits
-  (``wall / (wall - commit_seconds)``, rank 0).
+  (``wall / (wall - commit_seconds)``, rank 0); ``commit_ratio_cpu`` the
+  same with rank 0's CPU time (all its threads, ``time.process_time``),
+  which a shared machine disturbs less than the wall time.
+* ``off``: the same job with ``batches_per_commit`` beyond the run (a
+  commit at each epoch's end only): ``vs_off_wall`` / ``vs_off_cpu`` are
+  the commit job's wall / CPU time per step over this one's. They hold
+  everything a commit-enabled run pays per step beyond the commits
+  themselves (the callbacks' host work, the step after a commit running
+  slower), within the noise of two separate jobs. ``commit_schedule``
+  lists every commit of the commit job: ``[update, interval then, ms]``.
 * ``resize`` (``--repeats`` jobs): 2 workers; rank 0 rewrites the discovery
   file to one host after 50 steps, and back to two hosts 100 steps after
   the job shrank; each step sleeps ``--pace`` seconds so the changes land
@@ -54,7 +63,10 @@ ap.add_argument("--quick", action="store_true",
                 help="one short resize job and a shorter commit job (smoke test)")
 ap.add_argument("--pace", type=float, default=0.02, help="sleep per step in the resize jobs (s)")
 ap.add_argument("--hosts", help=argparse.SUPPRESS)
-ap.add_argument("--mode", choices=["commit", "resize"], default="resize", help=argparse.SUPPRESS)
+ap.add_argument("--commit-only", action="store_true",
+                help="only the commit and off jobs (no resize jobs)")
+ap.add_argument("--mode", choices=["commit", "off", "resize"], default="resize",
+                help=argparse.SUPPRESS)
 ap.add_argument("--log-dir", help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -117,9 +129,24 @@ def worker():
     state = elastic.KerasState(model, rule=elastic.ResizeRule("keep", global_batch=GLOBAL_BATCH),
                                log_dir=args.log_dir, shrank=False)
     resize = args.mode == "resize"
-    commit = elastic.CommitStateCallback(state, batches_per_commit=10 if resize and args.quick
-                                         else "auto")
     steps, epochs = (100, 12) if resize else (150 if args.quick else 1500, 2)
+    every = 10 if resize and args.quick else steps * epochs + 1 if args.mode == "off" else "auto"
+    commit = elastic.CommitStateCallback(state, batches_per_commit=every)
+    commit_cpu = []
+    state_commit = state.commit
+
+    def timed_commit():  # the commits' CPU time (the callback measures their wall time)
+        start, wall = time.process_time(), time.perf_counter()
+        try:
+            state_commit()
+        finally:
+            commit_cpu.append(time.process_time() - start)
+            schedule.append((int(model.optimizer.iterations.numpy()), commit.interval,
+                             round(1e3 * (time.perf_counter() - wall), 2)))
+
+    schedule = []  # (update, interval then, commit ms) of every commit
+
+    state.commit = timed_commit
     marks = {"down": False, "up": False, "shrank_at": None}
 
     class Pace(keras.callbacks.Callback):
@@ -155,11 +182,11 @@ def worker():
         idx = np.concatenate(idx)
         return tf.data.Dataset.from_tensor_slices((x[idx], y[idx])).batch(b).repeat()
 
-    walls = []
+    walls, cpus = [], []
 
     @elastic.run
     def train(state):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         end = epochs
         if args.quick and state.shrank and keras_adapt.size() == 2:
             end = state.epoch + 1  # grown back: the rest of this epoch measures the scale-up
@@ -168,13 +195,16 @@ def worker():
                                callbacks=[commit, Pace()])
         finally:
             walls.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu)
 
     train(state)
     if keras_adapt.rank() == 0:
         os.makedirs(args.out, exist_ok=True)
         result = {"resizes": state.resizes, "commits": commit.commits,
                   "commit_seconds": commit.commit_seconds, "interval": commit.interval,
-                  "wall": sum(walls), "iterations": int(model.optimizer.iterations.numpy()),
+                  "wall": sum(walls), "cpu": sum(cpus), "commit_cpu": sum(commit_cpu),
+                  "schedule": schedule,
+                  "iterations": int(model.optimizer.iterations.numpy()),
                   **describe_stack(os.getloadavg()[0])}
         with open(os.path.join(args.out, "rank0.json"), "w") as f:
             json.dump(result, f)
@@ -183,27 +213,42 @@ def worker():
 def main():
     load = os.getloadavg()[0]
     commit = launch("commit", tempfile.mkdtemp(prefix="resize_commit_"))
+    off = launch("off", tempfile.mkdtemp(prefix="resize_off_"))
     ratio = commit["wall"] / (commit["wall"] - commit["commit_seconds"])
+    ratio_cpu = commit["cpu"] / (commit["cpu"] - commit["commit_cpu"])
     downs, ups = [], []
-    for _ in range(1 if args.quick else args.repeats):
+    for _ in range(0 if args.commit_only else 1 if args.quick else args.repeats):
         run = launch("resize", tempfile.mkdtemp(prefix="resize_job_"))
         for event in run["resizes"]:
             pause = event["after"]["pause_s"] - args.pace
             (downs if event["after"]["workers"] < event["before"]["workers"] else ups).append(pause)
+
+    def per_step(job, key):
+        return job[key] / job["iterations"]
+
     line = {"bench": "resize_latency",
             "down_s": round(statistics.median(downs), 3) if downs else None,
             "up_s": round(statistics.median(ups), 3) if ups else None,
-            "commit_ratio": round(ratio, 4),
+            "commit_ratio": round(ratio, 4), "commit_ratio_cpu": round(ratio_cpu, 4),
+            "vs_off_wall": round(per_step(commit, "wall") / per_step(off, "wall"), 4),
+            "vs_off_cpu": round(per_step(commit, "cpu") / per_step(off, "cpu"), 4),
             "downs": [round(d, 3) for d in downs], "ups": [round(u, 3) for u in ups],
             "commit_interval": commit["interval"], "commits": commit["commits"],
+            "commit_schedule": commit["schedule"],
             "commit_ms": round(1e3 * commit["commit_seconds"] / max(commit["commits"], 1), 2),
             "step_ms": round(1e3 * (commit["wall"] - commit["commit_seconds"])
                              / commit["iterations"], 2),
+            "step_cpu_ms": round(1e3 * (commit["cpu"] - commit["commit_cpu"])
+                                 / commit["iterations"], 2),
+            "off_step_ms": round(1e3 * per_step(off, "wall"), 2),
+            "off_step_cpu_ms": round(1e3 * per_step(off, "cpu"), 2),
             **describe_stack(load)}
     print(f"resize latency, stack={line['stack']}: scale-down {line['down_s']} s, scale-up "
           f"{line['up_s']} s (medians of {len(downs)} / {len(ups)}); commits cost "
-          f"{line['commit_ratio']}x ({line['commit_ms']} ms each, every {line['commit_interval']} "
-          f"steps of {line['step_ms']} ms)")
+          f"{line['commit_ratio']}x wall, {line['commit_ratio_cpu']}x CPU ({line['commit_ms']} "
+          f"ms each, every {line['commit_interval']} steps of {line['step_ms']} ms); per step "
+          f"against commits at epoch ends only: {line['vs_off_wall']}x wall, "
+          f"{line['vs_off_cpu']}x CPU")
     print(json.dumps(line))
 
 

@@ -5,6 +5,7 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
     .venv/bin/python benchmarks/sync_strategies.py            # primary stack (~10-15 min)
     .venv-keras2/bin/python benchmarks/sync_strategies.py     # legacy stack
     .venv/bin/python benchmarks/sync_strategies.py --quick    # smoke run (< 1 min)
+    .venv/bin/python benchmarks/sync_strategies.py --configs ssgd_small adaptive   # a subset
 
 What it runs
 ------------
@@ -24,10 +25,14 @@ budget (``passes`` over the training set):
   until the first learning-rate decay, then local SGD (Lin et al.);
 * ``block_momentum`` ``BlockMomentum(period=8)`` (BMUF, block momentum
   0.5 = 1 - 1/N, Nesterov), 2 x 16;
-* ``adaptive``    ``SyncStrategyPolicy`` choosing between ``AllReduceSGD``
-  and ``LocalSGD(period=8)`` from its measurements (the noise scale, the
-  schedule, and the communication fraction of a ``WorkerTimingMonitor``),
-  2 x 16.
+* ``adaptive``    ``SyncStrategyPolicy`` at its defaults choosing the period
+  H in 1 (``AllReduceSGD``), 2, 4, 8 of ``LocalSGD`` from its measurements
+  (the noise scale against the global batch, the schedule, and the
+  communication fraction of a ``WorkerTimingMonitor``), 2 x 16.
+
+The local strategies' period is the setting ``period`` (8; e.g.
+``--set period=4`` runs ``local_sgd`` with H = 4, and makes 4 the adaptive
+policy's largest H).
 
 The per-worker batch is 16 everywhere but in ``ssgd_large``; every
 configuration but ``ssgd_large`` uses the small batch's LR. The LR drops
@@ -96,7 +101,6 @@ CONFIGS = ("ssgd_small", "ssgd_large", "sma", "local_sgd", "post_local", "block_
 DECAYS = (0.5, 0.75)  # fractions of the sample budget where the LR drops 10x
 DECAY = 0.1
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
-PERIOD = 8  # H of the local strategies
 
 SETTINGS = {
     "test": 497, "hidden": 128,
@@ -105,6 +109,7 @@ SETTINGS = {
     "target": 0.975,
     "lr_small": 0.1, "lr_ssgd_large": 0.4, "lr_block_momentum": 0.05,
     "alpha": 0.1,
+    "period": 8,  # H of the local strategies (the adaptive policy's largest)
     "bmuf": {"block_lr": 1.0, "block_momentum": 0.5, "nesterov": True},
     "policy": {},  # SyncStrategyPolicy's defaults
     "lr_grid": {"ssgd_small": [0.02, 0.05, 0.1, 0.2], "ssgd_large": [0.1, 0.2, 0.4, 0.8]},
@@ -336,7 +341,7 @@ def worker(args):
             self.curve = []  # (global samples, updates, train seconds, acc, strategy, gns)
             self.hit = None
             self.updates = 0
-            self.strategies = []  # (update, strategy name) at each change
+            self.strategies = []  # (update, strategy name, period or None) at each change
 
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
@@ -344,9 +349,10 @@ def worker(args):
                 self.t0 = now  # the first update pays for tracing: not counted
             self.updates += 1
             samples = self.ds.samples * workers
-            name = self.model.optimizer.adapt_state.sync.strategy.name
-            if not self.strategies or self.strategies[-1][1] != name:
-                self.strategies.append((self.updates, name))
+            strategy = self.model.optimizer.adapt_state.sync.strategy
+            name, period = strategy.name, strategy.params().get("period")
+            if not self.strategies or self.strategies[-1][1:] != (name, period):
+                self.strategies.append((self.updates, name, period))
             done = samples >= self.budget
             while self.decay_at and samples >= self.decay_at[0]:
                 self.decay_at.pop(0)
@@ -377,20 +383,20 @@ def worker(args):
         if config == "sma":
             return ModelAveraging(alpha=s["alpha"]), {"gradient_stats": False}, None
         if config == "local_sgd":
-            return LocalSGD(period=PERIOD), {"gradient_stats": False}, None
+            return LocalSGD(period=s["period"]), {"gradient_stats": False}, None
         if config == "post_local":
             first_decay = int(np.ceil(DECAYS[0] * budget / (workers * s["small"])))
-            return (LocalSGD(period=PERIOD, start_after=first_decay),
+            return (LocalSGD(period=s["period"], start_after=first_decay),
                     {"gradient_stats": False}, None)
         if config == "block_momentum":
-            return BlockMomentum(period=PERIOD, **s["bmuf"]), {"gradient_stats": False}, None
+            return BlockMomentum(period=s["period"], **s["bmuf"]), {"gradient_stats": False}, None
         return adaptive_setup()
 
     def adaptive_setup():
         """The adaptive configuration: both strategies declared, statistics on,
         the policy at its defaults, reading the communication fraction from a
         WorkerTimingMonitor (one small allgather per 10 steps)."""
-        local = LocalSGD(period=PERIOD)
+        local = LocalSGD(period=s["period"])
         timing = keras_adapt.callbacks.WorkerTimingMonitor(interval=10)
         policy = SyncStrategyPolicy(local=local, interval=10, timing=timing, **s["policy"])
         return [AllReduceSGD(), local], {"gradient_stats": True}, policy
@@ -432,7 +438,8 @@ def worker(args):
             "delayed": _hvd.delayed_collectives() - delayed_before if delay_ms else None,
             "strategies": tracker.strategies,
             "events": [] if policy is None else [
-                {"step": e["step"], "reason": e["reason"], "after": e["after"]["sync_strategy"]}
+                {"step": e["step"], "reason": e["reason"], "after": e["after"]["sync_strategy"],
+                 "period": e["after"].get("period")}
                 for e in policy.events],
             "curve": tracker.curve,
         }

@@ -6,9 +6,10 @@ Launch:
 
 The optimizer declares AllReduceSGD (averaged gradients every update) and
 LocalSGD (local steps, models averaged every --period updates).
-SyncStrategyPolicy switches between them from the gradient noise scale
-against the global batch and, after the learning rate decays halfway
-through, to post-local SGD. Every switch is printed, written to
+SyncStrategyPolicy chooses the period H (H = 1: AllReduceSGD, up to
+--period) from the gradient noise scale against the global batch
+(H x B <= B_noise) and, after the learning rate decays halfway through,
+at least --period: post-local SGD. Every switch is printed, written to
 <logdir>/adapt_events.jsonl and, through AdaptTensorBoard, shown in
 TensorBoard's "Adapt" tab. With --delay-ms each collective waits that long
 first, as on a slow network: the local steps then save most of that time.

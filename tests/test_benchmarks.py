@@ -229,15 +229,19 @@ def test_sync_strategies_quick():
     assert configs["post_local@0"]["collectives"] == 1 + s + (n("post_local") - s) // 8
     # adaptive: under AllReduceSGD one allreduce per update (the statistics
     # ride in it); each switch averages once; under local SGD an averaging
-    # every 8th update and the statistics allreduce of a due update, which
-    # waits for the first update after an averaging (where the models agree)
-    def adaptive_collectives(run, interval=DEFAULT_STATS_INTERVAL, period=8):
-        starts = dict(run["strategies"])  # first update (1-based) of each strategy
-        count, name, ready, waiting, local_count = 0, None, True, False, 0
+    # every H-th update (the count since the switch goes on when only H
+    # changes) and the statistics allreduce of a due update, which waits for
+    # the first update after an averaging (where the models agree)
+    def adaptive_collectives(run, interval=DEFAULT_STATS_INTERVAL):
+        # first update (1-based) of each (strategy, period)
+        starts = {u: (name, period) for u, name, period in run["strategies"]}
+        count, name, ready, waiting, local_count, period = 0, None, True, False, 0, None
         for u in range(1, run["updates"] + 1):
             if u in starts:
-                count += name is not None  # the switch's averaging
-                name, ready, local_count = starts[u], True, 0
+                new, period = starts[u]
+                if new != name:
+                    count += name is not None  # the switch's averaging
+                    name, ready, local_count = new, True, 0
             if name == "allreduce_sgd":
                 count += 1
                 continue
@@ -251,11 +255,12 @@ def test_sync_strategies_quick():
 
     for d in ("0", "delay"):
         adaptive = configs[f"adaptive@{d}"]
-        assert adaptive["strategies"][0][1] == "allreduce_sgd"
-        names_seen = [name for _, name in adaptive["strategies"]]
-        assert set(names_seen) <= {"allreduce_sgd", "local_sgd"}
-        # every change of strategy is one of the policy's events, in order
-        assert [e["after"] for e in adaptive["events"]] == names_seen[1:]
+        assert adaptive["strategies"][0][1:] == ["allreduce_sgd", None]
+        seen = [(name, period) for _, name, period in adaptive["strategies"]]
+        assert {name for name, _ in seen} <= {"allreduce_sgd", "local_sgd"}
+        assert {period for name, period in seen if name == "local_sgd"} <= {2, 4, 8}
+        # every change of strategy or period is one of the policy's events, in order
+        assert [(e["after"], e["period"]) for e in adaptive["events"]] == seen[1:]
         assert adaptive["collectives"] == adaptive_collectives(adaptive), d
 
     # the acceptance figures follow from the table
@@ -350,5 +355,8 @@ def test_resize_latency_quick():
     assert 0 < line["down_s"] < 60 and 0 < line["up_s"] < 120
     # The commits cost something; how much is the benchmark's result (not
     # asserted on this shared machine).
-    assert line["commit_ratio"] > 1.0
+    assert line["commit_ratio"] > 1.0 and line["commit_ratio_cpu"] > 1.0
     assert line["commit_interval"] >= 1 and line["commit_ms"] > 0 and line["step_ms"] > 0
+    assert line["step_cpu_ms"] > 0 and line["off_step_cpu_ms"] > 0 and line["off_step_ms"] > 0
+    assert line["vs_off_wall"] == pytest.approx(
+        line["step_ms"] * line["commit_ratio"] / line["off_step_ms"], rel=0.02)

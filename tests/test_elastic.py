@@ -4,7 +4,9 @@ single-process rules of the elastic callbacks and the resize rule.
 
 Each job trains 3 epochs of 30 steps (tests/workers/elastic_train.py); the
 hosts file the discovery script prints is rewritten by rank 0 at a given
-step, or a worker SIGKILLs itself.
+step, or a worker SIGKILLs itself. A scale-up holds the job's steps (at
+most 120 s) until the driver has announced the added host, so the new
+worker joins while steps remain however long discovery takes under load.
 """
 
 import json
@@ -129,7 +131,7 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     # gets it in the sync), so update 90 averages the models.
     done, finals, events = _job(tmp_path, "scale", [
         {"step": 8, "do": "hosts", "hosts": ONE_HOST},
-        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1}],
+        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1, "await_join": True}],
         worker_args=["--sync", "local_sgd:3"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [2, 2]
@@ -164,7 +166,8 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     assert up["step"] == _first_step_with(old, 2, after=down["step"])["iterations"]
     assert old["lr"] == new["lr"] == pytest.approx(LR)
     assert old["stats"] == new["stats"] and old["stats"]["batch_size"] == 32.0
-    print(f"pauses: down {down['after']['pause_s']:.3f} s, up {up['after']['pause_s']:.3f} s")
+    print(f"pauses: down {down['after']['pause_s']:.3f} s, up {up['after']['pause_s']:.3f} s; "
+          f"held {old['join_wait_s']:.2f} s for the added host's announcement")
 
 
 def test_killed_worker_the_other_continues_from_the_last_commit_and_its_host_comes_back(
@@ -264,7 +267,8 @@ def test_scale_up_requested_by_a_policy(tmp_path, reference):
     assert (resize["before"]["batch_size"], resize["after"]["batch_size"]) == (32, 16)
     assert resize["step"] == _first_step_with(first, 2)["iterations"] > request["step"]
     print(f"policy asked at update {request['step']}, two workers from update "
-          f"{resize['step']}, pause {resize['after']['pause_s']:.3f} s")
+          f"{resize['step']}, pause {resize['after']['pause_s']:.3f} s; held "
+          f"{first['join_wait_s']:.2f} s for the added host's announcement")
 
 
 # -- one process: the rules of the callbacks, the state and the resize rule ----
@@ -423,16 +427,19 @@ def test_resize_rule_values_and_errors():
 
 
 def test_commit_interval_auto_rule():
-    from keras_adapt.elastic.callbacks import AUTO_MAX_INTERVAL, auto_interval
+    from keras_adapt.elastic.callbacks import AUTO_MAX_COST, AUTO_MAX_INTERVAL, auto_interval
 
-    assert auto_interval(0.006, 0.003) == 200          # 6 ms commit / (1% of 3 ms)
-    assert auto_interval(0.001, 0.1) == 1
+    assert AUTO_MAX_COST == 0.005                      # half the 1% budget
+    assert auto_interval(0.006, 0.003) == 400          # 6 ms commit / (0.5% of 3 ms)
+    assert auto_interval(0.006, 0.003, max_cost=0.01) == 200
+    assert auto_interval(0.001, 0.2) == 1
+    assert auto_interval(0.001, 0.1) == 2              # 1 ms is 1% of one 100 ms step
     assert auto_interval(1.0, 0.001) == AUTO_MAX_INTERVAL
-    # k steps then one commit: the commit is at most 1% of the steps' time.
+    # k steps then one commit: the commit is at most 0.5% of the steps' time.
     for commit_s, step_s in ((0.006, 0.003), (0.002, 0.05), (0.0004, 0.0007)):
         k = auto_interval(commit_s, step_s)
-        assert commit_s <= 0.01 * k * step_s * (1 + 1e-9)
-        assert k == 1 or commit_s > 0.01 * (k - 1) * step_s
+        assert commit_s <= AUTO_MAX_COST * k * step_s * (1 + 1e-9)
+        assert k == 1 or commit_s > AUTO_MAX_COST * (k - 1) * step_s
 
 
 def test_commits_wait_for_the_end_of_an_accumulated_update():
@@ -949,9 +956,6 @@ def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path
     def fit(callbacks):
         elastic.fit(state, data, epochs=1, steps_per_epoch=3, callbacks=callbacks, verbose=0)
 
-    with pytest.raises(ValueError, match=r"save_freq='epoch'.*PreemptionCheckpoint\(directory, "
-                                         r"save_freq=None\)"):
-        fit([PreemptionCheckpoint(tmp_path)])
     with pytest.raises(ValueError, match="exit_code=None .*cannot work under elastic"):
         fit([PreemptionCheckpoint(tmp_path, save_freq=None, exit_code=None)])
     ckpt = PreemptionCheckpoint(tmp_path, save_freq=None)
@@ -967,3 +971,137 @@ def test_a_preemption_checkpoint_under_elastic_refuses_what_cannot_work(tmp_path
     assert int(state.model.optimizer.iterations.numpy()) == 3
     assert (state.epoch, state.batch) == (1, 0)
     assert ckpt.checkpoints() == [] and ckpt.events == []  # no signal: nothing written
+
+
+def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_their_steps(
+        tmp_path):
+    """save_freq=2 under elastic.fit (one process): a commit at every second
+    update, then rank 0 writes the committed position; "epoch": after the
+    commit at each epoch's end. The files hold exactly those positions."""
+    import tensorflow as tf
+
+    from keras_adapt import elastic
+    from keras_adapt.callbacks import PreemptionCheckpoint
+
+    model = _model()
+    state = elastic.KerasState(model)
+    x, y = _data()
+
+    def data(epoch, batch):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+
+    every = PreemptionCheckpoint(tmp_path / "every", save_freq=2)
+    commit = elastic.CommitStateCallback(state, batches_per_commit=100)
+    elastic.fit(state, data, epochs=2, steps_per_epoch=5, callbacks=[every, commit], verbose=0)
+    # Updates 2, 4 | 6, 8, 10 (epoch ends: 5 and 10); commits at those and the epoch ends.
+    saved = [(e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"]) for e in every.events]
+    assert saved == [(2, 0, 2), (4, 0, 4), (6, 1, 1), (8, 1, 3), (10, 2, 0)]
+    assert commit.commits == 6  # the five above and the end of the first epoch
+    assert every.checkpoints() == [str(tmp_path / "every" / "ckpt-8"),
+                                   str(tmp_path / "every" / "ckpt-10")]
+    meta = every.read_meta(every.checkpoints()[0])
+    assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (1, 3, 8, 1)
+    # The newest holds the final weights and position: a fresh job resumes there.
+    fresh = elastic.KerasState(_model())
+    path = PreemptionCheckpoint(tmp_path / "every", save_freq=2).resume_elastic(fresh)
+    assert path == every.checkpoints()[-1] and (fresh.epoch, fresh.batch) == (2, 0)
+    assert int(fresh.optimizer.iterations.numpy()) == 10
+    for got, want in zip(fresh.model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+    by_epoch = PreemptionCheckpoint(tmp_path / "epoch", max_to_keep=5)  # save_freq="epoch"
+    state2 = elastic.KerasState(_model())
+    elastic.fit(state2, data, epochs=2, steps_per_epoch=5, callbacks=[by_epoch], verbose=0)
+    assert [(e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"])
+            for e in by_epoch.events] == [(5, 1, 0), (10, 2, 0)]
+    assert [os.path.basename(p) for p in by_epoch.checkpoints()] == ["ckpt-5", "ckpt-10"]
+    with pytest.raises(ValueError, match="save_freq=None .*give it save_freq="):
+        commit.save_to(PreemptionCheckpoint(tmp_path / "none", save_freq=None))
+
+
+def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_rule(tmp_path):
+    """Two workers ("scale", rates given for two) write a checkpoint every 25
+    updates (save_freq=25: rank 0, right after the commit there); the job
+    ends after 2 epochs (60 updates) with its last disk checkpoint at 50.
+    The same command on ONE worker to 3 epochs resumes at update 50 with
+    the rule applied: half the learning rate, the per-worker batch kept
+    (the global batch halves), recorded in the ``resume`` event."""
+    from keras_adapt.callbacks import PreemptionCheckpoint
+    from keras_adapt.events import read_events
+
+    log, ckdir = tmp_path / "log", tmp_path / "ck"
+    script, hosts = discovery_script(tmp_path, TWO_HOSTS)
+
+    def job(out, epochs, np):
+        out.mkdir()
+        args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", "scale",
+                "--epochs", epochs, "--steps", STEPS, "--commit", COMMIT, "--lr", LR,
+                "--checkpoint", ckdir, "--save-freq", 25]
+        done = horovodrun_elastic("elastic_train.py", args, script, np=np, min_np=1, max_np=2,
+                                  timeout=300)
+        assert done.leftover == 0
+        return sorted((json.load(open(out / n)) for n in os.listdir(out)
+                       if n.startswith("final_")), key=lambda r: r["rank"])
+
+    two = job(tmp_path / "two", 2, 2)
+    assert [(f["rank"], f["workers"], f["iterations"]) for f in two] == [(0, 2, 60), (1, 2, 60)]
+    assert two[0]["weights"] == two[1]["weights"]
+    saves = read_events(str(log))
+    assert [(e["kind"], e["rank"], e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"])
+            for e in saves] == [("checkpoint", 0, 25, 0, 25), ("checkpoint", 0, 50, 1, 20)]
+    ckpt = PreemptionCheckpoint(ckdir)
+    assert ckpt.checkpoints() == [str(ckdir / "ckpt-25"), str(ckdir / "ckpt-50")]
+    meta = ckpt.read_meta(ckpt.checkpoints()[-1])
+    assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (1, 20, 50, 2)
+    assert all(s["lr"] == pytest.approx(LR) and s["batch_size"] == 16 for s in two[0]["steps"])
+
+    with open(hosts, "w") as f:
+        f.write(ONE_HOST)
+    (one,) = job(tmp_path / "one", EPOCHS, 1)
+    assert (one["workers"], one["epoch"], one["batch"], one["iterations"]) == (1, EPOCHS, 0, TOTAL)
+    # From the disk checkpoint at 50: updates 50-59 of the ended job run again.
+    assert _ids(one) == list(range(50, TOTAL)) and one["restores"] == 0
+    assert one["steps"][0]["iterations"] == 51
+    # The rule for 2 -> 1 workers from the first step: linear scaling, half the rate.
+    assert {s["batch_size"] for s in one["steps"]} == {16}
+    assert {s["workers"] for s in one["steps"]} == {1}
+    for s in one["steps"]:
+        assert s["lr"] == pytest.approx(LR / 2, rel=1e-6)
+    resume, periodic = read_events(str(log))[2:]
+    assert resume["kind"] == "resume" and resume["rank"] == 0 and resume["step"] == 50
+    assert resume["after"]["checkpoint"] == str(ckdir / "ckpt-50")
+    assert (resume["before"]["workers"], resume["after"]["workers"]) == (2, 1)
+    assert (resume["before"]["global_batch"], resume["after"]["global_batch"]) == (32, 16)
+    assert (resume["before"]["batch_size"], resume["after"]["batch_size"]) == (16, 16)
+    assert (resume["before"]["lr"], resume["after"]["lr"]) == pytest.approx((LR, LR / 2))
+    assert resume["after"]["lr_factor"] == 0.5
+    # The one-worker job goes on writing its own periodic checkpoints.
+    assert (periodic["kind"], periodic["step"]) == ("checkpoint", 75)
+    assert ckpt.read_meta(ckpt.checkpoints()[-1])["workers"] == 1
+    print(f"2 workers saved at 25 and 50; 1 worker resumed at 50 with lr {one['lr']:.4f} "
+          f"(x{resume['after']['lr_factor']}), global batch 32 -> 16")
+
+
+def test_a_checkpoint_of_two_workers_resumed_by_one_keeps_the_global_batch_of_its_dataset():
+    """ "keep" with an AdaptiveBatchDataset and a GlobalBatchSize: the data
+    position restored from a two-worker checkpoint holds its micro-batch of
+    16; rescale_from(2) gives the one worker the whole global batch of 32."""
+    from keras_adapt import elastic
+    from keras_adapt.actuators import GlobalBatchSize
+    from keras_adapt.data import AdaptiveBatchDataset
+
+    x, y = _data(128)
+    model = _model(lr=0.04)
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=32, num_workers=1, rank=0, shuffle=False)
+    batch = GlobalBatchSize(model, dataset=ds, max_micro_batch_size=32)
+    state = elastic.KerasState(model, rule=elastic.ResizeRule("keep", global_batch=32),
+                               dataset=ds)
+    assert state.rescale_from(1) == {"before": {}, "after": {}}  # the same count: nothing
+    ds.micro_batch_size = 16  # as restored: each of two workers took 16
+    out = state.rescale_from(2)
+    assert (ds.micro_batch_size, batch.workers, batch.value, state.batch_size) == (32, 1, 32, 32)
+    assert (out["before"]["global_batch"], out["after"]["global_batch"]) == (32, 32)
+    assert (out["before"]["batch_size"], out["after"]["batch_size"]) == (16, 32)
+    assert out["after"]["lr"] == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="before=0 is not valid"):
+        state.rescale_from(0)

@@ -81,33 +81,42 @@ def test_rank0_wrote_the_events_file_with_the_schema(run):
         assert {k: v for k, v in record.items() if k not in ("wall_time", "rank")} == expected
 
 
+def _agree(at0, at1, step):
+    return all(np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(at0[step]["weights"], at1[step]["weights"]))
+
+
 def test_sync_strategy_policy_switches_where_its_inputs_say_on_both_ranks(run):
     out, (r0, r1) = run
     s0, s1 = r0["sync"], r1["sync"]
     assert s0["events"] == s1["events"]
-    # patience=2: the second proposal in a row switches (proposals every 10 updates)
-    got = [(e["step"], e["before"]["sync_strategy"], e["after"]["sync_strategy"])
-           for e in s0["events"]]
-    assert got == [(30, "allreduce_sgd", "local_sgd"), (60, "local_sgd", "allreduce_sgd"),
-                   (100, "allreduce_sgd", "local_sgd")]
+    # patience=2: the second proposal in a row changes (proposals every 10 updates)
+    got = [(e["step"], e["before"]["sync_strategy"], e["before"].get("period"),
+            e["after"]["sync_strategy"], e["after"].get("period")) for e in s0["events"]]
+    assert got == [(30, "allreduce_sgd", None, "local_sgd", 2),
+                   (50, "local_sgd", 2, "local_sgd", 4),
+                   (70, "local_sgd", 4, "allreduce_sgd", None),
+                   (100, "allreduce_sgd", None, "local_sgd", 4)]
+    assert [e["reason"] for e in s0["events"][:3]] == [
+        "scripted: H = 2: period 2", "scripted: H = 4: period 4", "scripted: allreduce: period 1"]
     # The schedule decays after update 80; the decision reads it at 90 and 100.
-    assert s0["events"][2]["reason"] == (
-        "post-local SGD: the learning rate decayed to 0.02 from its peak 0.05")
-    assert s0["events"][2]["after"] == {"sync_strategy": "local_sgd", "period": 4,
-                                        "start_after": 0}
+    assert s0["events"][3]["reason"] == (
+        "post-local SGD: the learning rate decayed to 0.02 from its peak 0.05: period 4")
     at0, at1 = s0["at"], s1["at"]
-    assert [at0[s]["strategy"] for s in ("29", "30", "59", "60", "99", "100")] == [
+    assert [at0[s]["strategy"] for s in ("29", "30", "69", "70", "99", "100")] == [
         "allreduce_sgd", "local_sgd", "local_sgd", "allreduce_sgd", "allreduce_sgd", "local_sgd"]
-    # Under AllReduceSGD the ranks agree. Under LocalSGD(4) from update 30
-    # the models are averaged after updates 33, 37, ..., 57, so at 59 they
-    # differ; the switch back at 60 averages them: identical again.
-    for step in ("29", "60", "61", "99"):
-        for a, b in zip(at0[step]["weights"], at1[step]["weights"]):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(at0["59"]["weights"], at1["59"]["weights"]))
-    # Three switches, no new trace: the count after the first step never moves.
+    # H = 2 from update 30 (counted from 0 there): averaged after the 2nd,
+    # 4th, ... local update, so the models agree at 32 and 50, not at 31, 33, 49.
+    # H = 4 from 50, the count going on (20 at 50): the next averaging is
+    # after count 23, at 54 -- not at 52, where H = 2 would have averaged.
+    # The switch into AllReduceSGD at 70 averages: identical from then on.
+    agree = {step: _agree(at0, at1, step) for step in at0}
+    assert agree == {"29": True, "30": True, "31": False, "32": True, "33": False,
+                     "49": False, "50": True, "52": False, "53": False, "54": True,
+                     "69": False, "70": True, "71": True, "99": True, "100": True}
+    # Four changes, no new trace: the count after the first step never moves.
     assert at0["31"]["traces"] == at0["100"]["traces"] == s0["traces"]
-    # Rank 0 wrote the events; the file holds exactly them.
-    on_disk = [(e["step"], e["kind"]) for e in events.read_events(os.path.join(out, "sync_logs"))]
-    assert on_disk == [(30, "sync_strategy"), (60, "sync_strategy"), (100, "sync_strategy")]
+    # Rank 0 wrote the events; the file holds exactly them, periods included.
+    on_disk = list(events.read_events(os.path.join(out, "sync_logs")))
+    assert [(e["step"], e["kind"], e["after"]) for e in on_disk] == [
+        (e["step"], e["kind"], e["after"]) for e in s0["events"]]

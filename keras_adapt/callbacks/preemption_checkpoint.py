@@ -73,12 +73,15 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ``preemption`` when the workers stop, ``checkpoint`` per periodic save,
     ``resume`` when a run restarts from a checkpoint.
 
-    Under Horovod Elastic pass it (with ``save_freq=None``) among the
-    callbacks of :func:`keras_adapt.elastic.fit` instead: the elastic
+    Under Horovod Elastic pass it among the callbacks of
+    :func:`keras_adapt.elastic.fit` instead: the elastic
     :class:`~keras_adapt.elastic.LeaveOnSignalCallback` then agrees on the
     signals, lets a signalled worker leave when others remain, and writes
     this checkpoint (then exits with ``exit_code``) only when every worker
-    was signalled; the same command resumes from it (docs/elastic.md).
+    was signalled; its ``save_freq`` saves are written by rank 0 right after
+    the elastic commits at those steps (:meth:`save_elastic`); the same
+    command resumes from the newest, with any worker count
+    (:meth:`resume_elastic`; docs/elastic.md).
 
     Args:
         directory: where the checkpoints go (made if missing).
@@ -345,9 +348,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                 f"{len(self._policy_list)} are given; resume with the same callbacks")
         return [saved["state"] for saved in states]
 
-    def _record_resume(self, path, meta):
-        self._record("resume", f"resumed from {os.path.basename(path)}", {},
-                     {"epoch": meta["epoch"], "step_in_epoch": meta["step_in_epoch"],
+    def _record_resume(self, path, meta, rescaled=None):
+        before, after = {}, {}
+        if rescaled is not None:  # under elastic: the workers, and what the rule changed
+            before = {"workers": meta["workers"], **rescaled["before"]}
+            after = {"workers": _hvd.size(), **rescaled["after"]}
+        self._record("resume", f"resumed from {os.path.basename(path)}", before,
+                     {**after, "epoch": meta["epoch"], "step_in_epoch": meta["step_in_epoch"],
                       "step": meta["step"], "checkpoint": path})
 
     def _host_state(self, epoch, step_in_epoch):
@@ -447,7 +454,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._step_in_epoch += 1
         boundary = self._boundary.step_ended()
         self._steps_since_check += 1
-        if boundary and isinstance(self.save_freq, int) and self._step() % self.save_freq == 0:
+        if boundary and self.periodic_due(self._step()):
             self._periodic(self._epoch, self._step_in_epoch)
         if self._steps_since_check < self._schedule.interval and not self.preempted:
             return
@@ -474,11 +481,26 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if self.save_freq == "epoch":
             self._periodic(epoch + 1, 0)
 
+    def periodic_due(self, updates):
+        """Whether a periodic checkpoint falls after optimizer update number
+        ``updates`` (an int ``save_freq`` divides it).
+
+        Example:
+
+        >>> import tempfile
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=25)
+        >>> [ckpt.periodic_due(n) for n in (24, 25, 50)]
+        [False, True, True]
+        """
+        return isinstance(self.save_freq, int) and updates % self.save_freq == 0
+
     def _periodic(self, epoch, step_in_epoch):
         path = self._save(epoch, step_in_epoch)
         self._record("checkpoint", "periodic checkpoint", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch,
                       "checkpoint": path or ""})
+        return path
 
     def _stop(self, epoch, step_in_epoch, signalled, check_interval):
         """Writes the preemption checkpoint and the ``preemption`` event (rank
@@ -519,10 +541,6 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if self.exit_code is None:
             return ("exit_code=None (fit returns) cannot work under elastic: the workers of a "
                     f"stopped elastic job must end; use an exit code (default {EXIT_CODE})")
-        if self.save_freq is not None:
-            return (f"save_freq={self.save_freq!r}: under elastic the disk checkpoint is "
-                    "written when every worker is signalled (the in-memory commits cover the "
-                    "rest); make it with PreemptionCheckpoint(directory, save_freq=None)")
         return None
 
     def _bind(self, state):
@@ -539,7 +557,12 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         model, the optimizer and ``state`` (a
         :class:`~keras_adapt.elastic.KerasState`: position, data position,
         policies), records a ``resume`` event, and ``state.sync()`` gives it
-        to every rank. Only rank 0 reads ``directory``. A worker joining a
+        to every rank. A checkpoint written by another worker count gets the
+        state's :class:`~keras_adapt.elastic.ResizeRule` as at a change of
+        workers (:meth:`~keras_adapt.elastic.KerasState.rescale_from`: the
+        per-worker batch, the learning rate); the ``resume`` event records the
+        workers before and after and what was rescaled. Only rank 0 reads
+        ``directory``. A worker joining a
         running job restores nothing: the job's state reaches it by the
         elastic sync. Returns the checkpoint's path, or None.
 
@@ -563,19 +586,50 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if _hvd.host_allreduce_mean([fresh], "keras_adapt_resume_fresh")[0] < 1.0:
             return None  # a running job: its state is the elastic one
         found = self.latest() if _hvd.rank() == 0 else None
+        number, saved_workers = -1.0, -1.0
         if found is not None:
             path, meta = found
             self._load(path, meta)
             state.load(meta["epoch"], meta["step_in_epoch"], data_state=meta.get("data"),
                        policy_states=self._policy_states(path, meta))
             self._epoch = meta["epoch"]
-            self._record_resume(path, meta)
-        number = float(found[0].rsplit("-", 1)[-1]) if found is not None else -1.0
-        number = _hvd.host_allreduce_max([number], "keras_adapt_resume_found")[0]
+            number, saved_workers = float(path.rsplit("-", 1)[-1]), float(meta["workers"])
+        number, saved_workers = _hvd.host_allreduce_max([number, saved_workers],
+                                                        "keras_adapt_resume_found")
         if number < 0.0:
             return None
         state.sync()
+        # Written by another worker count: the resize rule applies as at a
+        # change of workers (every rank; the sync gave them the saved state).
+        rescaled = state.rescale_from(int(saved_workers))
+        if found is not None:
+            self._record_resume(path, meta, rescaled)
         return os.path.join(self.directory, f"ckpt-{int(number)}")
+
+    def save_elastic(self, state):
+        """A periodic checkpoint under elastic, on every rank right after a
+        commit (:class:`~keras_adapt.elastic.CommitStateCallback` calls it at
+        the commits of ``save_freq``): rank 0 writes the checkpoint at the
+        committed position of ``state`` and records a ``checkpoint`` event;
+        no collective (a worker that joins later runs nothing the others do
+        not). Returns the path written (None on other ranks).
+
+        Example:
+
+        >>> import tempfile, keras, keras_adapt
+        >>> from keras_adapt import elastic
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> state = elastic.KerasState(model, epoch=1, batch=4)
+        >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=10)
+        >>> path = ckpt.save_elastic(state)
+        >>> ckpt.position(), ckpt.events[-1]["kind"]
+        ((1, 4), 'checkpoint')
+        """
+        self._bind(state)
+        self._epoch = int(state.epoch)
+        return self._periodic(int(state.epoch), int(state.batch))
 
     def stop_elastic(self, state, signalled, check_interval):
         """Every rank of an elastic job whose every rank was signalled, at the

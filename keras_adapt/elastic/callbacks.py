@@ -11,6 +11,7 @@ import time
 
 import keras
 import numpy as np
+from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from keras_adapt.optimizer import UpdateBoundary
 
@@ -22,9 +23,16 @@ AUTO_FIRST_INTERVAL = 10
 AUTO_MEASURED_COMMITS = 3
 #: The most recent commit and step times "auto" takes the means of.
 AUTO_WINDOW = 1000
-#: The share of the step time "auto" lets commits cost.
-AUTO_MAX_COST = 0.01
-#: The longest interval "auto" chooses (a failure loses at most this many steps).
+#: The share of the step time "auto" aims the commits at: half of the 1%
+#: budget, the margin for what its rule does not see (the first commits of
+#: each ``fit``, every :data:`AUTO_FIRST_INTERVAL` steps, the commit at each
+#: epoch's end, and commit times that move by a factor of two between
+#: measurements on a loaded machine).
+AUTO_MAX_COST = 0.005
+#: The longest interval "auto" chooses: a failure loses at most this many
+#: steps (when it caps the interval, commits cost more than
+#: :data:`AUTO_MAX_COST`; give ``batches_per_commit`` an int to choose the
+#: other side of that trade).
 AUTO_MAX_INTERVAL = 1000
 
 
@@ -37,10 +45,10 @@ def auto_interval(commit_seconds, step_seconds, max_cost=AUTO_MAX_COST,
     Example:
 
     >>> from keras_adapt.elastic.callbacks import auto_interval
-    >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 200 steps
-    200
-    >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 2 steps
-    2
+    >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 400 steps
+    400
+    >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 3 steps
+    3
     """
     if not (commit_seconds >= 0.0 and step_seconds > 0.0):
         return AUTO_FIRST_INTERVAL
@@ -68,18 +76,31 @@ class CommitStateCallback(keras.callbacks.Callback):
             default): every :data:`AUTO_FIRST_INTERVAL` steps at first, then,
             after :data:`AUTO_MEASURED_COMMITS` commits of each ``fit`` and
             again after every :data:`AUTO_MEASURED_COMMITS` more, the
-            interval that keeps commits under 1% of the step time
+            interval that keeps commits under :data:`AUTO_MAX_COST` (0.5%)
+            of the step time
             (:func:`auto_interval` of the mean commit and step times of the
-            fit so far, the last :data:`AUTO_WINDOW` of each: their total
-            is what commits cost; averaged over the workers with one
+            fit so far, its first step, the trace, left out; the last
+            :data:`AUTO_WINDOW` of each: their total
+            is what commits cost; the largest over the workers, by one
             allreduce, so every rank commits at the same steps).
 
+    A :class:`~keras_adapt.callbacks.PreemptionCheckpoint` with a
+    ``save_freq`` handed over by :meth:`save_to` (:func:`~keras_adapt.elastic.fit`
+    does it) is written to disk by rank 0 right after the commits at its
+    schedule: a commit is also made at every ``save_freq``-th optimizer
+    update (``"epoch"``: the commit at each epoch's end), and once it
+    returns, or once every rank has agreed that workers come or go (the
+    state was saved), the checkpoint holds that committed position. The
+    write runs no collective, so a worker that joins later runs nothing the
+    others do not; its time is not counted in :attr:`commit_seconds`.
+
     Attributes:
+        checkpoint: the periodic disk checkpoint (None: none).
         commits: commits made so far.
         commit_seconds: the time they took in all (their cost to training).
         interval: the steps between commits now.
-        measured: ``(commit_seconds, step_seconds)``, the workers' mean
-            commit and step times from which "auto" last chose ``interval``
+        measured: ``(commit_seconds, step_seconds)``, the largest of the
+            workers' mean commit and step times from which "auto" last chose ``interval``
             in this ``fit`` (None before it chose).
 
     Example:
@@ -102,6 +123,7 @@ class CommitStateCallback(keras.callbacks.Callback):
             raise ValueError(f"batches_per_commit={k!r} is not valid; use a positive int "
                              "or 'auto' (the default)")
         self.state = state
+        self.checkpoint = None
         self.batches_per_commit = k
         self.interval = AUTO_FIRST_INTERVAL if k == "auto" else k
         self.commits = 0
@@ -115,6 +137,31 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._commit_times = collections.deque(maxlen=AUTO_WINDOW)
         self._step_times = collections.deque(maxlen=AUTO_WINDOW)
         self._step_start = None
+        self._updates = None  # optimizer updates done (counted when a checkpoint needs them)
+        self._traced = False  # the fit's first step (its trace) has been timed
+        self._write = False  # the checkpoint is written after the next commit
+
+    def save_to(self, checkpoint):
+        """Writes ``checkpoint`` (a :class:`~keras_adapt.callbacks.PreemptionCheckpoint`
+        made with ``save_freq``, bound to this state) after the commits of
+        its schedule (see above).
+
+        Example:
+
+        >>> import tempfile, keras, keras_adapt
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> from keras_adapt.elastic import KerasState, CommitStateCallback
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> cb = CommitStateCallback(KerasState(model))
+        >>> cb.save_to(PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=100))
+        >>> cb.checkpoint.save_freq
+        100
+        """
+        if checkpoint.save_freq is None:
+            raise ValueError("the checkpoint has save_freq=None (written on preemption only); "
+                             "give it save_freq=<updates> or 'epoch' to write it periodically")
+        self.checkpoint = checkpoint
 
     def _commit_if_due(self):
         if not self._due:
@@ -122,11 +169,18 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._due = False
         self.commits += 1
         start = time.perf_counter()
+        agreed = False  # the state is saved and every rank passed the check
         try:
             self.state.commit()
+            agreed = True
+        except HostsUpdatedInterrupt:  # all ranks agreed to re-form the job here
+            agreed = True
+            raise
         finally:
             took = time.perf_counter() - start
             self.commit_seconds += took
+            if agreed:
+                self._write_checkpoint()
         if self.batches_per_commit == "auto":
             self._commit_times.append(took)
             self._fit_commits += 1
@@ -135,12 +189,18 @@ class CommitStateCallback(keras.callbacks.Callback):
                 self._choose_interval()
                 self.commit_seconds += time.perf_counter() - start  # part of the cost
 
+    def _write_checkpoint(self):
+        if self._write:
+            self._write = False
+            self.checkpoint.save_elastic(self.state)
+
     def _choose_interval(self):
-        """Every rank runs this at the same commit: one allreduce averages
-        the measurements, so all choose the same interval."""
+        """Every rank runs this at the same commit: one allreduce takes the
+        largest of the workers' mean times (a commit costs the job what it
+        costs its slowest rank), so all choose the same interval."""
         from keras_adapt import _hvd
 
-        commit_s, step_s = _hvd.host_allreduce_mean(
+        commit_s, step_s = _hvd.host_allreduce_max(
             [np.mean(self._commit_times), np.mean(self._step_times or [0.0])],
             name="keras_adapt_commit_interval")
         self.measured = (float(commit_s), float(step_s))
@@ -154,6 +214,11 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._step_start = None
         self._boundary = UpdateBoundary(self.state.optimizer)
         self._at_boundary = True
+        self._write = False
+        self._updates = None
+        self._traced = False
+        if self.checkpoint is not None and self.checkpoint.save_freq != "epoch":
+            self._updates = int(self.state.optimizer.iterations.numpy())
         if self.batches_per_commit == "auto":
             self.interval = AUTO_FIRST_INTERVAL
             self.measured = None
@@ -164,9 +229,13 @@ class CommitStateCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         # A step's time: from the start of one step to the start of the next
         # (every callback included), before the commit that may come between.
+        # The first step of a fit is not one: it traces the train function
+        # (seconds), which would shorten the interval for AUTO_WINDOW steps.
         now = time.perf_counter()
         if self._step_start is not None and self.batches_per_commit == "auto":
-            self._step_times.append(now - self._step_start)
+            if self._traced:
+                self._step_times.append(now - self._step_start)
+            self._traced = True
         self._commit_if_due()
         self._step_start = time.perf_counter()
 
@@ -177,6 +246,10 @@ class CommitStateCallback(keras.callbacks.Callback):
         if self._since >= self.interval and self._at_boundary:
             self._since = 0
             self._due = True
+        if self._updates is not None and self._at_boundary:
+            self._updates += 1
+            if self.checkpoint.periodic_due(self._updates):
+                self._due = self._write = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._step_start = None
@@ -188,6 +261,8 @@ class CommitStateCallback(keras.callbacks.Callback):
             self._due = True
         else:  # an update spans the epoch's end: commit after its last micro-step
             self._since = self.interval
+        if self.checkpoint is not None and self.checkpoint.save_freq == "epoch":
+            self._write = True
 
     def on_train_end(self, logs=None):
         self._commit_if_due()

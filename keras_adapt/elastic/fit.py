@@ -30,13 +30,18 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     without rollback.
 
     A :class:`~keras_adapt.callbacks.PreemptionCheckpoint` among the
-    callbacks (made with ``save_freq=None``) keeps a whole-job preemption:
-    when every worker is signalled, the leave callback writes it at the
-    agreed step and every worker exits with its ``exit_code`` (one
-    agreement on the signal, the leave callback's, which takes the
-    checkpoint's ``check_interval`` and ``deadline_s``). Running the same
-    command again restores it at the first ``fit`` of the new job (rank 0
-    reads it, the elastic sync gives it to all) and goes on from that
+    callbacks keeps a whole-job preemption: when every worker is signalled,
+    the leave callback writes it at the agreed step and every worker exits
+    with its ``exit_code`` (one agreement on the signal, the leave
+    callback's, which takes the checkpoint's ``check_interval`` and
+    ``deadline_s``). Its ``save_freq`` (``"epoch"`` or every that many
+    updates; None: on preemption only) writes it periodically too, rank 0
+    right after the commit at those steps (the commit callback's
+    :meth:`~keras_adapt.elastic.CommitStateCallback.save_to`): a disk copy
+    that outlives the whole job. Running the same command again restores
+    the newest at the first ``fit`` of the new job (rank 0 reads it, the
+    elastic sync gives it to all; with another worker count the state's
+    :class:`~keras_adapt.elastic.ResizeRule` applies) and goes on from that
     step; a worker that joins a running job restores nothing.
 
     Args:
@@ -146,4 +151,7 @@ def _with_elastic_callbacks(state, callbacks):
             **({} if checkpoint.deadline_s is None else {"deadline_s": checkpoint.deadline_s})}
         leave = LeaveOnSignalCallback(state, **options)
         callbacks.append(leave)
+    if leave.checkpoint is not None and leave.checkpoint.save_freq is not None:
+        commit = next(c for c in callbacks if isinstance(c, CommitStateCallback))
+        commit.save_to(leave.checkpoint)
     return callbacks, leave

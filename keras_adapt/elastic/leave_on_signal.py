@@ -75,8 +75,8 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         signals: the signals that make a worker leave.
         log_dir: directory of ``adapt_events.jsonl`` (default: the state's).
         checkpoint: a :class:`~keras_adapt.callbacks.PreemptionCheckpoint`
-            made with ``save_freq=None`` and an exit code, written when every
-            rank is signalled (None: none). It is not a Keras callback of the
+            with an exit code, written when every rank is signalled (None:
+            none; its periodic saves are the commit callback's). It is not a Keras callback of the
             fit then: this callback's agreement is the only one.
 
     Attributes:

@@ -261,6 +261,38 @@ class KerasState(ObjectState):
         self._save_tensors()
         super().save()
 
+    def rescale_from(self, before):
+        """Applies the resize rule for a change from ``before`` workers to the
+        workers now, after a disk checkpoint written by ``before`` workers was
+        restored and synced (every rank calls it: no collective), and commits
+        the result here; returns what was rescaled, ``{"before": {...},
+        "after": {...}}`` as in a ``resize`` event (empty when the count is the
+        same: nothing changes).
+
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> from keras_adapt.elastic import KerasState, ResizeRule
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+        >>> state = KerasState(model, rule=ResizeRule("scale", batch_size=8, base_workers=2))
+        >>> out = state.rescale_from(2)   # saved by 2 workers, resumed by 1
+        >>> out["after"]["lr_factor"], round(state.lr, 6), state.batch_size
+        (0.5, 0.05, 8)
+        """
+        if isinstance(before, bool) or not isinstance(before, int) or before < 1:
+            raise ValueError(f"before={before!r} is not valid; use the worker count (>= 1) "
+                             "of the run that wrote the checkpoint")
+        if before == self.workers:
+            return {"before": {}, "after": {}}
+        actuator = self.optimizer.adapt_state.batch_size_actuator
+        if actuator is not None:
+            actuator.workers = before  # the global batch the checkpoint's run had
+        self.rescaled = self.rule.apply(self.model, before, self.workers, self.dataset)
+        self.batch_size = self._batch_size()
+        self.save()
+        return self.rescaled
+
     def check_host_updates(self):
         """Raises ``HostsUpdatedInterrupt`` on every rank at the same commit
         when the driver announced hosts added or removed to any of them.

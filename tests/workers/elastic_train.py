@@ -11,6 +11,9 @@ one-process reference (to float rounding) iff no step ran twice or was lost.
 Actions (``--actions``, JSON list), each done once (a marker file in --out):
   {"step": i, "do": "hosts", "hosts": "localhost:1\\n"}            rank 0 rewrites the
       discovery file after global step i (``"when_workers": n``: only once n workers run)
+      (``"await_join": true``: a scale-up; rank 0 then holds its steps until
+      the driver has announced the added host, so the job grows while steps
+      remain however long the discovery takes on a loaded machine)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
   {"step": i, "do": "term", "rank": r}       rank r sends itself SIGTERM after step i
       (a preempted machine: it leaves gracefully, LeaveOnSignalCallback);
@@ -24,11 +27,13 @@ state, which re-shards it on every reset; the rule acts through them.
 
 ``--checkpoint DIR``: a PreemptionCheckpoint(DIR, save_freq=None) among the
 callbacks: when every worker is signalled it is written and every worker
-exits with 75; the same command again resumes from it.
+exits with 75; the same command again resumes from it (with any worker
+count). ``--save-freq N``: its save_freq (written every N updates too).
 
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
-discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE).
+discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE); the worker then holds its steps until the driver announced the
+added host, as ``"await_join"`` does).
 
 Each process appends every step it runs to <out>/steps_<pid>.jsonl (a worker
 that leaves on a signal ends at once), and one that finishes writes
@@ -40,6 +45,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -54,6 +60,7 @@ from keras_adapt.callbacks import GradientStatsMonitor, PreemptionCheckpoint
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.policies import ResizePolicy
 from keras_adapt.sync import LocalSGD
+from horovod.runner.elastic.worker import HostUpdateResult
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -74,6 +81,7 @@ parser.add_argument("--request-at", type=int, default=None)
 parser.add_argument("--sync", default=None, help="local_sgd:H")
 parser.add_argument("--adaptive-data", action="store_true")
 parser.add_argument("--checkpoint", default=None)
+parser.add_argument("--save-freq", type=int, default=None)
 args = parser.parse_args()
 
 DIM, SAMPLES = 8, 4096
@@ -82,6 +90,9 @@ W_TRUE = rng.standard_normal((DIM, 1)).astype(np.float32)
 X = rng.standard_normal((SAMPLES, DIM)).astype(np.float32)
 Y = (X @ W_TRUE + 0.5 * rng.standard_normal((SAMPLES, 1))).astype(np.float32)
 ACTIONS = json.loads(args.actions)
+#: The longest a worker holds its steps waiting for an added host to be
+#: announced (the discovery script is a Python process: seconds under load).
+JOIN_WAIT_S = 120.0
 
 
 def step_indices(epoch, step, rank, workers, per_worker):
@@ -114,24 +125,42 @@ def rule():
 class RequestAt(ResizePolicy):
     """Asks for ``wanted`` workers once the global step ``at`` has run."""
 
-    def __init__(self, state, at, wanted):
+    def __init__(self, state, at, wanted, recorder):
         super().__init__(1, 2, interval=1, log_dir=args.log_dir)
-        self.state, self.at, self.wanted = state, at, wanted
+        self.state, self.at, self.wanted, self.recorder = state, at, wanted, recorder
 
     def adapt(self, step, values):
         done = self.state.epoch * args.steps + self.state.batch
         if done > self.at and self.workers != self.wanted:
             self.request_workers(self.wanted, f"global step {self.at} ran")
+            self.recorder.awaiting_join = True
+
+
+class HostsHeard:
+    """Wraps the state's listener of the driver's host announcements: sets
+    ``added`` when one announced an added host."""
+
+    def __init__(self, state):
+        self.added = threading.Event()
+        self._listener = state.on_hosts_updated
+        state.on_hosts_updated = self
+
+    def __call__(self, timestamp, update_res):
+        if update_res & HostUpdateResult.added:
+            self.added.set()
+        self._listener(timestamp, update_res)
 
 
 class Recorder(keras.callbacks.Callback):
     """After the elastic callbacks: logs every executed step (its global id),
     sleeps a little (so membership changes land mid-training) and runs the actions."""
 
-    def __init__(self, state):
+    def __init__(self, state, heard):
         super().__init__()
-        self.state = state
+        self.state, self.heard = state, heard
         self.steps = []
+        self.awaiting_join = False  # a scale-up was asked for by this process
+        self.join_wait_s = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
         s = self.state
@@ -149,6 +178,7 @@ class Recorder(keras.callbacks.Callback):
                 continue
             if action["do"] == "hosts" and keras_adapt.rank() == 0:
                 open(marker, "w").close()
+                self.awaiting_join = bool(action.get("await_join"))
                 tmp = args.hosts + ".tmp"
                 with open(tmp, "w") as f:
                     f.write(action["hosts"])
@@ -159,6 +189,13 @@ class Recorder(keras.callbacks.Callback):
             elif action["do"] == "term" and keras_adapt.rank() == action["rank"]:
                 open(marker, "w").close()
                 os.kill(os.getpid(), getattr(signal, action.get("signal", "SIGTERM")))
+        if self.awaiting_join and not self.heard.added.is_set():
+            # Hold the steps until the added host is announced: the next
+            # commit then re-forms the job with the new worker.
+            start = time.time()
+            self.heard.added.wait(JOIN_WAIT_S)
+            self.join_wait_s += time.time() - start
+            self.awaiting_join = False
         time.sleep(args.sleep)
 
 
@@ -185,16 +222,17 @@ if args.adaptive_data:
     GlobalBatchSize(model, dataset=dataset,
                                           max_micro_batch_size=args.global_batch)
 state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir, dataset=dataset)
-recorder = Recorder(state)
+recorder = Recorder(state, HostsHeard(state))
 commit = elastic.CommitStateCallback(
     state, batches_per_commit=args.commit if args.commit == "auto" else int(args.commit))
 # Horovod's example order (commit first): the commit must still see the step.
 callbacks = [commit, elastic.UpdateBatchStateCallback(state),
              elastic.UpdateEpochStateCallback(state), GradientStatsMonitor(interval=5), recorder]
 if args.checkpoint is not None:
-    callbacks.append(PreemptionCheckpoint(args.checkpoint, save_freq=None, log_dir=args.log_dir))
+    callbacks.append(PreemptionCheckpoint(args.checkpoint, save_freq=args.save_freq,
+                                          log_dir=args.log_dir))
 if args.request_workers is not None:
-    callbacks.append(RequestAt(state, args.request_at, args.request_workers))
+    callbacks.append(RequestAt(state, args.request_at, args.request_workers, recorder))
 syncs = []
 restores = []
 _restore = state.restore
@@ -233,7 +271,7 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "optimizer": [np.asarray(v).tolist() for v in
                      keras_adapt.optimizer.optimizer_variables(model.optimizer)],
        "steps": recorder.steps, "syncs": syncs, "resizes": state.resizes,
-       "restores": len(restores),
+       "restores": len(restores), "join_wait_s": recorder.join_wait_s,
        "commits": commit.commits, "commit_seconds": commit.commit_seconds,
        "commit_interval": commit.interval, "commit_measured": commit.measured,
        "lr": state.lr, "batch_size": state.batch_size,

@@ -6,8 +6,9 @@ Phases (one launch):
   accumulate  GNSBatchSizePolicy through gradient accumulation (k changes)
             plus LRScalingPolicy following it
   goodput   GoodputBatchSizePolicy (host-side timings agreed by allreduce)
-  sync      SyncStrategyPolicy: a scripted rule (local at 20, back at 50) and
-            the default post-local rule after a learning-rate decay at 80
+  sync      SyncStrategyPolicy: a scripted rule (LocalSGD H = 2 from 30, H = 4
+            from 50, AllReduceSGD from 70) and the default post-local floor
+            after a learning-rate decay at 80
 Each phase records its events (without wall time), the final weights, the
 batch-size trajectory and the micro-batch every step actually used.
 """
@@ -101,17 +102,28 @@ goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_mi
                                  warmup_updates=20, min_change_interval=30, interval=15)
 run("goodput", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
 
-# sync: switches at the steps a scripted rule says, then post-local SGD
+# sync: switches at the steps a scripted rule says (strategy and period), then post-local SGD
 class ScriptedSync(SyncStrategyPolicy):
-    """Proposes LocalSGD for updates [20, 50), AllReduceSGD for [50, 80),
-    then the default rules (only the post-local one is on)."""
+    """Proposes LocalSGD with H = 2 for updates [20, 40), H = 4 for [40, 60),
+    AllReduceSGD for [60, 80), then the default rules (the communication
+    gate stays closed, so only the post-local floor acts)."""
 
     def choose(self, step, values):
-        if 20 <= step < 50:
-            return self.local, "scripted: local"
-        if 50 <= step < 80:
+        if 20 <= step < 40:
+            return self.with_period(2), "scripted: H = 2"
+        if 40 <= step < 60:
+            return self.with_period(4), "scripted: H = 4"
+        if 60 <= step < 80:
             return AllReduceSGD(), "scripted: allreduce"
         return super().choose(step, values)
+
+
+class NoCommunication:
+    """A timing source reporting that the collective takes no time (the
+    communication gate of the default rule stays closed)."""
+
+    def result(self):
+        return {"comm_fraction": 0.0}
 
 
 class Snapshots(keras.callbacks.Callback):
@@ -146,7 +158,7 @@ local = LocalSGD(period=4)
 model.compile(keras_adapt.DistributedOptimizer(
     keras.optimizers.SGD(schedule, momentum=0.9), gradient_stats=True,
     sync_strategy=[AllReduceSGD(), local]), counting_loss)
-policy = ScriptedSync(local=local, noise_low=None, noise_high=None, comm_fraction=None,
+policy = ScriptedSync(local=local, timing=NoCommunication(), comm_fraction=0.3,
                       warmup_updates=0, patience=2, min_switch_interval=0, interval=10,
                       log_dir=os.path.join(args.out, "sync_logs"))
 snapshots = Snapshots()
@@ -154,7 +166,8 @@ model.fit(x[rank::size], y[rank::size], batch_size=16, epochs=1, steps_per_epoch
           shuffle=False, verbose=0,
           callbacks=[BroadcastGlobalVariablesCallback(0), policy, snapshots])
 results["sync"] = {"events": plain(policy.events), "traces": traces[0],
-                   "at": {str(s): snapshots.at[s] for s in (29, 30, 31, 59, 60, 61, 99, 100)}}
+                   "at": {str(s): snapshots.at[s] for s in (29, 30, 31, 32, 33, 49, 50, 52, 53, 54,
+                                                             69, 70, 71, 99, 100)}}
 
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(results, f)
