@@ -6,11 +6,24 @@ pinned to its own core with one TensorFlow thread):
     .venv/bin/python benchmarks/straggler.py            # primary stack (~6 min)
     .venv-keras2/bin/python benchmarks/straggler.py     # legacy stack
     .venv/bin/python benchmarks/straggler.py --quick    # smoke run (< 1 min)
+    .venv/bin/python benchmarks/straggler.py --model mlp --batch 256   # the former workload
 
 What it runs
 ------------
-A compute-bound MLP (``--dim`` inputs, two ReLU layers of ``--hidden``
-units, 10 outputs, mean squared error on seeded synthetic data) with
+A compute-bound model on seeded synthetic data (mean squared error to 10
+outputs): by default (``--model conv``) two 3x3 convolutions of
+``--filters`` filters on ``--image`` x ``--image`` x 3 inputs, global
+average pooling and a dense layer -- about 10k parameters for 15 MFLOP per
+sample, so the allreduce is short next to the compute, as for a slow
+accelerator in a real cluster (at 512 samples per worker the compute is
+about 8 times the step's fixed cost; at 128 the host's per-step work is as
+long as the compute); or (``--model mlp``) an MLP of ``--dim``
+inputs and two ReLU layers of ``--hidden`` units, whose 1.6M-parameter
+gradient takes about as long to allreduce on Gloo (10.6 ms measured alone)
+as 256 samples take to compute (11.9 ms): with that fixed cost f next to
+the compute c*b the best gain is (1.5 cb + f) / (1.2 cb + f), about 1.11,
+whatever the split. The slow-rank hook stretches everything between two
+collectives (the host's callbacks and data too), not the collective. With
 ``keras_adapt.DistributedOptimizer``, a ``WorkerTimingMonitor`` and a
 ``StragglerPolicy`` (threshold 6.7 %, ``--patience`` measurements of
 ``--interval`` steps, ``--warmup`` seconds), fed by an
@@ -64,7 +77,8 @@ TARGET_GAIN = 1.2
 def launch(args):
     start = time.perf_counter()
     flags = ["--steps", args.steps, "--window", args.window, "--rounds", args.rounds,
-             "--batch", args.batch, "--hidden", args.hidden, "--dim", args.dim,
+             "--batch", args.batch, "--model", args.model, "--hidden", args.hidden,
+             "--dim", args.dim, "--image", args.image, "--filters", args.filters,
              "--interval", args.interval, "--patience", args.patience, "--warmup", args.warmup,
              "--block", args.block, "--blocks", args.blocks]
     result = run_on_workers(__file__, flags, "straggler_bench_")
@@ -118,11 +132,19 @@ def summarize(result):
     return line
 
 
+def describe_model(s):
+    """The workload, in words, from the settings."""
+    if s["model"] == "conv":
+        return (f"conv {s['image']}x{s['image']}x3 -> 2 x conv3x3({s['filters']}) -> "
+                f"pool -> 10")
+    return f"MLP {s['dim']}-{s['hidden']}-{s['hidden']}-10"
+
+
 def report(result, elapsed):
     s = result["settings"]
     print(f"\nstragglers, stack={result['stack']} ({result['versions']}), 2 workers, Gloo, "
-          f"rank 1 slowed {SLOW.split(':')[1]}x; per-worker batch {s['batch']}, MLP "
-          f"{s['dim']}-{s['hidden']}-{s['hidden']}-10, {s['steps']} steps per run, window the "
+          f"rank 1 slowed {SLOW.split(':')[1]}x; per-worker batch {s['batch']}, {describe_model(s)}, "
+          f"{s['steps']} steps per run, window the "
           f"last {s['window']}; load average before/after {result['load']}")
     print("step time without slow-down, by per-worker batch:",
           ", ".join(f"{b}: {t * 1000:.1f} ms" for b, t in result["step_time_by_batch"].items()))
@@ -162,7 +184,8 @@ def worker(args):
     rank = keras_adapt.rank()
     load_before = os.getloadavg()[0]
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((8192, args.dim)).astype("float32")
+    shape = (args.image, args.image, 3) if args.model == "conv" else (args.dim,)
+    x = rng.standard_normal((8192, *shape)).astype("float32")
     y = rng.standard_normal((8192, 10)).astype("float32")
 
     class Clock(keras.callbacks.Callback):
@@ -180,11 +203,19 @@ def worker(args):
 
     def build():
         keras.utils.set_random_seed(1)
-        model = keras.Sequential([
-            keras.Input((args.dim,)),
-            keras.layers.Dense(args.hidden, activation="relu"),
-            keras.layers.Dense(args.hidden, activation="relu"),
-            keras.layers.Dense(10)])
+        if args.model == "conv":
+            model = keras.Sequential([
+                keras.Input((args.image, args.image, 3)),
+                keras.layers.Conv2D(args.filters, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(args.filters, 3, padding="same", activation="relu"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(10)])
+        else:
+            model = keras.Sequential([
+                keras.Input((args.dim,)),
+                keras.layers.Dense(args.hidden, activation="relu"),
+                keras.layers.Dense(args.hidden, activation="relu"),
+                keras.layers.Dense(10)])
         model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(1e-4)), "mse")
         return model
 
@@ -271,7 +302,7 @@ def worker(args):
                   flush=True)
     result = {"runs": runs, "step_time_by_batch": by_batch,
               "settings": {k: getattr(args, k) for k in (
-                  "steps", "window", "batch", "hidden", "dim", "interval", "patience",
+                  "steps", "window", "batch", "model", "image", "filters", "hidden", "dim", "interval", "patience",
                   "warmup", "block", "blocks")}}
     result.update(describe_stack(load_before))
     write_result(args.out, rank, result)
@@ -284,9 +315,14 @@ def main():
     parser.add_argument("--steps", type=int, default=400, help="steps per run")
     parser.add_argument("--window", type=int, default=200,
                         help="the last steps of a run whose throughput is compared")
-    parser.add_argument("--batch", type=int, default=256, help="per-worker batch")
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=512, help="per-worker batch")
+    parser.add_argument("--model", choices=("conv", "mlp"), default="conv",
+                        help="conv: two 3x3 convolutions (few parameters per FLOP); mlp: "
+                             "two dense layers (the allreduce about as long as the compute)")
+    parser.add_argument("--image", type=int, default=16, help="conv: image side")
+    parser.add_argument("--filters", type=int, default=32, help="conv: filters per layer")
+    parser.add_argument("--hidden", type=int, default=1024, help="mlp: hidden units")
+    parser.add_argument("--dim", type=int, default=512, help="mlp: inputs")
     parser.add_argument("--interval", type=int, default=10, help="timing monitor interval")
     parser.add_argument("--patience", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=3.0, help="policy warm-up (s)")
@@ -296,6 +332,7 @@ def main():
     if args.quick and not args.worker:
         args.rounds, args.steps, args.window, args.batch = 1, 80, 30, 64
         args.hidden, args.dim, args.interval, args.patience, args.warmup = 256, 128, 5, 2, 0.3
+        args.image, args.filters = 8, 16
         args.block, args.blocks = 5, 3
     worker(args) if args.worker else launch(args)
 

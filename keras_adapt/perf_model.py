@@ -75,7 +75,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MODELS", "Prediction", "TERMS", "ThroughputFit",
+__all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MIN_REPEAT_SIGNIFICANCE", "MODELS", "Prediction", "TERMS", "ThroughputFit",
            "ThroughputModel", "design_row"]
 
 #: The terms of the model, in the order in which they take the cost of
@@ -95,6 +95,20 @@ MIN_HELDOUT = 3
 #: about 5% of noise draws.
 MAX_ERROR_RATIO = 0.5
 _RANK_TOL = 1e-9
+#: With fewer configurations than a held-out error needs, a fit from the
+#: repeated observations of each configuration is usable only when the
+#: configurations' mean times differ from one constant by at least this many
+#: of their standard errors (root mean square over the configurations). The
+#: repeats of a visit are consecutive and share the machine's load of the
+#: moment, so their scatter understates the error between visits, and with
+#: a few repeats the standard errors are themselves uncertain: 4, not 2. With
+#: step times that do not depend on the batch (10% noise, two batches,
+#: medians), 3 passed 2.6% of 2000 draws at 3 repeats each and 0.15% at 10;
+#: 4 passes 0.75% and none.
+MIN_REPEAT_SIGNIFICANCE = 4.0
+#: The relative floor of a configuration's standard error in such a fit (a
+#: configuration whose repeats are identical is not infinitely certain).
+_MIN_RELATIVE_SE = 1e-9
 
 
 def design_row(batch_size, workers=1, accumulation=1):
@@ -183,6 +197,11 @@ class ThroughputFit:
             mean step time of the other configurations.
         train_mape: in-sample MAPE of this fit, in percent.
         heldout: how many configurations entered ``mape``.
+        evidence: what the fit's usability and standard errors rest on:
+            ``"held-out"`` (leave-one-configuration-out errors and the
+            residuals between configurations, p + 2 configurations or more)
+            or ``"repeats"`` (fewer configurations: the scatter of each
+            configuration's repeated observations; ``mape`` is then NaN).
 
     Example:
 
@@ -210,6 +229,7 @@ class ThroughputFit:
     constant_mape: float
     train_mape: float
     heldout: int
+    evidence: str
     _covariance: np.ndarray = dataclasses.field(repr=False, compare=False)
     _row_space: np.ndarray = dataclasses.field(repr=False, compare=False)
     _scale: np.ndarray = dataclasses.field(repr=False, compare=False)
@@ -388,6 +408,20 @@ class ThroughputModel:
     The fit is deterministic: fed the same times in the same order (gathered
     first), ranks on the same numpy and BLAS get the same fit.
 
+    Fewer configurations (``repeats=True``): with at least 2 configurations
+    and at least p, but fewer than ``p + 2``, the fit rests on the repeats
+    instead (``fit().evidence == "repeats"``): each configuration's time
+    weighted by the inverse square of its standard error (from the scatter
+    of its kept observations; every configuration then needs 2 or more),
+    the constant model as the null. It is usable when the configurations'
+    times differ from one constant by at least
+    :data:`MIN_REPEAT_SIGNIFICANCE` standard errors and the fit's
+    chi-square is at most ``MAX_ERROR_RATIO**2`` of the constant's. Its
+    ``mape`` is NaN (nothing was held out); its standard errors come from the
+    repeats (inflated by the chi-square per degree of freedom above 1). With
+    only the micro-batch varying, ``T = a + b*M`` is then usable from two
+    batches.
+
     Args:
         warmup: observations discarded at the start of each visit to a
             configuration (int >= 0).
@@ -397,6 +431,10 @@ class ThroughputModel:
         statistic: ``"mean"`` (default: throughput over a long run is set by
             the mean step time) or ``"median"`` (when the times fed in may
             include odd slow steps, such as one with an evaluation).
+        repeats: with fewer configurations than ``p + 2`` (but at least 2,
+            and at least p), fit from the repeated observations of each
+            instead of refusing (default False; see "Fewer configurations"
+            above).
 
     Example:
 
@@ -413,7 +451,8 @@ class ThroughputModel:
     16203
     """
 
-    def __init__(self, warmup=2, window=256, min_observations=3, statistic="mean"):
+    def __init__(self, warmup=2, window=256, min_observations=3, statistic="mean",
+                 repeats=False):
         for name, value, minimum in (("warmup", warmup, 0), ("window", window, 1),
                                      ("min_observations", min_observations, 1)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
@@ -424,6 +463,9 @@ class ThroughputModel:
                              "or raise window")
         if statistic not in ("mean", "median"):
             raise ValueError(f"statistic={statistic!r} is not valid; use 'mean' or 'median'")
+        if not isinstance(repeats, bool):
+            raise ValueError(f"repeats={repeats!r} is not valid; use True or False")
+        self.repeats = repeats
         self.warmup = int(warmup)
         self.window = int(window)
         self.min_observations = int(min_observations)
@@ -556,6 +598,21 @@ class ThroughputModel:
         count = sum(len(self._times[c]) for c in configs)
         return configs, rows, times, count
 
+    def _standard_errors(self, configs):
+        """Standard error of each configuration's time from its repeats
+        (None when one has a single observation): s / sqrt(n) for the mean,
+        sqrt(pi / 2) times that for the median (its large-sample efficiency)."""
+        out = []
+        for c in configs:
+            obs = np.array(self._times[c])
+            if obs.size < 2:
+                return None
+            se = float(np.std(obs, ddof=1)) / math.sqrt(obs.size)
+            if self.statistic == "median":
+                se *= math.sqrt(math.pi / 2.0)
+            out.append(se)
+        return np.array(out)
+
     def _compute_fit(self):
         configs, rows, times, count = self._summaries()
         c = len(configs)
@@ -564,7 +621,7 @@ class ThroughputModel:
             base = dict(params=None, stderr=None, identified=(), model=None, model_mapes={},
                         num_observations=count, num_configurations=c, mape=math.nan,
                         constant_mape=math.nan, train_mape=math.nan, heldout=0,
-                        _covariance=np.zeros((0, 0)), _row_space=np.zeros((0, len(TERMS))),
+                        evidence="held-out", _covariance=np.zeros((0, 0)), _row_space=np.zeros((0, len(TERMS))),
                         _scale=np.ones(len(TERMS)), _mask=np.ones(len(TERMS)))
             base.update(fields)
             return ThroughputFit(usable=False, reason=reason, **base)
@@ -601,8 +658,12 @@ class ThroughputModel:
         chosen = fitted[name]
         p = len(chosen["kept"])
         if chosen["errors"] is None:
-            return unusable(f"{c} configuration(s) observed; {p + 2} are needed for the "
-                            f"{p} term(s) they identify (p to fit, one residual, one to leave out)")
+            needed = (f"{c} configuration(s) observed; {p + 2} are needed for the {p} term(s) "
+                      "they identify (p to fit, one residual, one to leave out)")
+            if not self.repeats or c < 2 or p < 2:
+                return unusable(needed)
+            return self._repeats_fit(configs, times, scaled * chosen["mask"], chosen, name,
+                                     scale, count, needed, unusable)
 
         kept = chosen["kept"]
         theta = chosen["theta"] / scale[kept]
@@ -620,7 +681,8 @@ class ThroughputModel:
                       mape=float(np.mean(errors)) * 100.0 if errors else math.nan,
                       constant_mape=float(np.mean(const_errors)) * 100.0 if errors else math.nan,
                       train_mape=float(np.mean(np.abs(chosen["residual"]))) * 100.0,
-                      heldout=len(errors), _covariance=cov, _row_space=chosen["row_space"],
+                      heldout=len(errors), evidence="held-out", _covariance=cov,
+                      _row_space=chosen["row_space"],
                       _scale=scale, _mask=chosen["mask"])
         if len(errors) < MIN_HELDOUT:
             return unusable(f"only {len(errors)} of {c} configurations are determined by the "
@@ -634,3 +696,60 @@ class ThroughputModel:
         return ThroughputFit(usable=True, reason=(
             f"held-out MAPE {fields['mape']:.2f}% over {len(errors)} configurations vs "
             f"{fields['constant_mape']:.2f}% for the constant model"), **fields)
+
+    def _repeats_fit(self, configs, times, scaled, chosen, name, scale, count, needed,
+                     unusable):
+        """The fit of fewer configurations than a held-out error needs (at
+        least 2, at least p): weighted least squares on the configurations'
+        times, each weighted by 1 / its standard error squared from its
+        repeats; usable when the constant model is rejected by more than
+        :data:`MIN_REPEAT_SIGNIFICANCE` standard errors and the fit explains
+        the differences (its chi-square at most ``MAX_ERROR_RATIO**2`` of the
+        constant's). The parameters' covariance is inflated by the
+        chi-square per degree of freedom when that exceeds 1."""
+        c = len(times)
+        kept = chosen["kept"]
+        p = len(kept)
+        se = self._standard_errors(configs)
+        if c < p or se is None:
+            why = ("a configuration has a single observation, so its scatter is unknown"
+                   if se is None else f"{p} term(s) are identified")
+            return unusable(f"{needed}; nor can the repeats decide: {why}")
+        se = np.maximum(se, _MIN_RELATIVE_SE * times)
+        w = 1.0 / se ** 2
+        a = scaled[:, kept]
+        normal = a.T @ (a * w[:, None])
+        theta = np.linalg.solve(normal, a.T @ (w * times))
+        residual = times - a @ theta
+        chi2_model = float(np.sum(w * residual ** 2))
+        constant = float(np.sum(w * times) / np.sum(w))
+        chi2_const = float(np.sum(w * (times - constant) ** 2))
+        cov = np.linalg.inv(normal) * (max(1.0, chi2_model / (c - p)) if c > p else 1.0)
+        theta_u = theta / scale[kept]
+        cov_u = cov / np.outer(scale[kept], scale[kept])
+        params = {t: 0.0 for t in TERMS}
+        stderr = {t: None for t in TERMS}
+        for i, j in enumerate(kept):
+            params[TERMS[j]] = float(theta_u[i])
+            stderr[TERMS[j]] = float(math.sqrt(max(cov_u[i, i], 0.0)))
+        fields = dict(params=params, stderr=stderr, identified=tuple(TERMS[j] for j in kept),
+                      model=name, model_mapes={}, num_observations=count,
+                      num_configurations=c, mape=math.nan, constant_mape=math.nan,
+                      train_mape=float(np.mean(np.abs(residual / times))) * 100.0, heldout=0,
+                      evidence="repeats", _covariance=cov_u, _row_space=_row_space(scaled),
+                      _scale=scale, _mask=chosen["mask"])
+        z = math.sqrt(chi2_const / (c - 1))
+        if z < MIN_REPEAT_SIGNIFICANCE:
+            return unusable(
+                f"{needed}; from the repeats, the {c} configurations' times differ from a "
+                f"constant by {z:.2f} standard errors, fewer than {MIN_REPEAT_SIGNIFICANCE:g}: "
+                "the step times do not follow the configuration measurably", **fields)
+        if not chi2_model <= MAX_ERROR_RATIO ** 2 * chi2_const:
+            return unusable(
+                f"{needed}; from the repeats, the fit's chi-square {chi2_model:.3g} is not at "
+                f"most {MAX_ERROR_RATIO ** 2:g} of the constant model's {chi2_const:.3g}",
+                **fields)
+        return ThroughputFit(usable=True, reason=(
+            f"from the repeats of {c} configurations (fewer than the {p + 2} a held-out error "
+            f"needs): their times differ from a constant by {z:.1f} standard errors"),
+            **fields)

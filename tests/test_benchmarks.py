@@ -311,6 +311,7 @@ def test_straggler_quick():
     line = lines[0]
     assert list(line)[:4] == ["bench", "detect_steps", "false_alarms", "rebalance_gain"]
     assert line["bench"] == "straggler" and line["rounds"] == 1 and line["global_batch"] == 128
+    assert line["settings"]["model"] == "conv"  # the compute-bound default workload
     thr = line["throughput"]
     assert set(thr) == {"healthy", "record", "rebalance"}
     assert line["run_gains"][0] == pytest.approx(thr["rebalance"][0] / thr["record"][0],

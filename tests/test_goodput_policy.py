@@ -126,6 +126,47 @@ def test_a_refused_fit_is_not_used_and_step_times_count_as_flat():
     assert c.fit_reason == fit.reason
 
 
+def test_two_batches_and_their_repeats_price_the_next_doubling():
+    # Visited 32 and 64 only: the fit rests on the repeats (a held-out error
+    # needs 4 batches). T(32) = 13.2 ms (se 0.2/sqrt 3), T(64) = 16.3 ms
+    # (se 0.3/sqrt 3); T(128) = 3 T(64) - 2 T(32) = 22.5 ms with variance
+    # 4 var32 + 9 var64.
+    model = ThroughputModel(warmup=0, repeats=True)
+    for b, times in ((32, (0.0130, 0.0134, 0.0132)), (64, (0.0160, 0.0166, 0.0163))):
+        for t in times:
+            model.observe(b, t)
+    assert model.fit().usable and model.fit().evidence == "repeats"
+    var32, var64 = 0.0002 ** 2 / 3, 0.0003 ** 2 / 3
+    rel = np.sqrt(4 * var32 + 9 * var64) / 0.0225 + np.sqrt(var64) / 0.0163  # 0.03590
+    e64, e128 = statistical_efficiency(64, 32, 1e6), statistical_efficiency(128, 32, 1e6)
+    nominal = (128 * e128 / 0.0225) / (64 * e64 / 0.0163)  # 1.4488
+    for confidence, batch in ((2.0, 128), (6.0, 64)):
+        gain = nominal / (1 + confidence * rel)  # 1.3517 at 2; 1.1920 at 6
+        c = _attached(model, confidence=confidence).choose(64, gns=1e6)
+        assert (c.batch, c.step_times) == (batch, "model"), c.reason
+        assert f"x{gain:.3f}" in c.reason
+    # flat step times would have said 2 x E(128)/E(64) = 2.0: up, whatever the confidence
+    assert _attached(ThroughputModel(), confidence=6.0).choose(64, gns=1e6).batch == 128
+
+
+def test_two_batches_of_noise_are_not_taken_for_a_model():
+    # 10% noise around a flat 8 ms at 32 and 64 (10 intervals each, their
+    # medians as the policy's model takes them): the repeats find no slope
+    # and the decision is the flat one (E(128) at gns 300 = 0.776 >= 0.75:
+    # up) in every draw.
+    decisions, usable = set(), 0
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        model = ThroughputModel(warmup=0, statistic="median", repeats=True)
+        for b in (32, 64):
+            for _ in range(10):
+                model.observe(b, 0.008 * (1 + 0.1 * rng.standard_normal()))
+        usable += model.fit().usable
+        decisions.add(_attached(model).choose(64, gns=300.0).batch)
+    assert decisions == {128}
+    assert usable <= 1
+
+
 def test_decisions_do_not_flip_on_timing_noise():
     # 100 machines' worth of noisy timings (10% per observation) around a
     # flat step time: every one decides alike, whether its fit came out
@@ -161,7 +202,11 @@ def test_scripted_run_records_decisions_and_feeds_the_model():
     # 36/84 = 0.43 < 0.6 -> 32 (at n = 1; the same ratios at any n)
     assert changes == [(10, 16 * n, 32 * n), (60, 32 * n, 64 * n), (160, 64 * n, 32 * n)]
     reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
-    assert all("; throughput fit not usable: " in r for r in reasons)
+    # one configuration observed at most before the first two: flat
+    assert all("; throughput fit not usable: " in r for r in reasons[:2])
+    # the last is the efficiency floor's, whatever the fit of the two
+    # accumulations observed by then says (it depends on the real timings)
+    assert reasons[2].startswith(f"efficiency 0.429 at {64 * n} < 0.75")
     # one observation per interval, at the configuration it ran (b, N, k);
     # the first interval of each visit is dropped (warm-up): k = 1 ran one
     # interval, k = 2 five (ending at 20..60), k = 4 ten (70..160)

@@ -218,6 +218,83 @@ def test_needs_p_plus_two_configurations():
     assert fit.params["per_sample"] == pytest.approx(TRUE["per_sample"], rel=1e-9)
 
 
+def test_with_repeats_two_or_three_configurations_are_fitted():
+    model = ThroughputModel(warmup=0, repeats=True)
+    feed(model, [(16, 1, 1)], true_time, 0.0, 3, None)
+    fit = model.fit()
+    assert not fit.usable and fit.params is None
+    assert fit.reason == "1 configuration(s) observed; 3 are needed for the 1 term(s) they " \
+                         "identify (p to fit, one residual, one to leave out)"
+    for b in (32, 64):  # p = 2 (per sample, per micro-step): 2 and 3 are fitted from repeats
+        feed(model, [(b, 1, 1)], true_time, 0.0, 3, None)
+        fit = model.fit()
+        assert fit.usable and fit.evidence == "repeats" and fit.heldout == 0
+        assert math.isnan(fit.mape)
+        assert fit.params["per_sample"] == pytest.approx(TRUE["per_sample"], rel=1e-9)
+    feed(model, [(128, 1, 1)], true_time, 0.0, 2, None)  # only 2 of the 3 needed observations
+    assert model.fit().num_configurations == 3
+    feed(model, [(128, 1, 1)], true_time, 0.0, 1, None)
+    fit = model.fit()
+    assert fit.usable and fit.num_configurations == 4 and fit.heldout == 4
+    assert fit.evidence == "held-out"
+    assert fit.params["per_sample"] == pytest.approx(TRUE["per_sample"], rel=1e-9)
+
+
+def test_two_configurations_fit_from_their_repeats_by_hand():
+    model = ThroughputModel(warmup=0, repeats=True)
+    for t in (0.0130, 0.0134, 0.0132):  # mean 0.0132, sd 0.0002: se 0.0002/sqrt(3)
+        model.observe(32, t)
+    for t in (0.0160, 0.0166, 0.0163):  # mean 0.0163, sd 0.0003: se 0.0003/sqrt(3)
+        model.observe(64, t)
+    fit = model.fit()
+    assert fit.usable and fit.evidence == "repeats", fit.reason
+    # two configurations, two terms: the line through the two means
+    assert fit.params["per_sample"] == pytest.approx(0.0031 / 32, rel=1e-9)
+    assert fit.params["per_micro_step"] == pytest.approx(0.0132 - 32 * 0.0031 / 32, rel=1e-9)
+    var1, var2 = 0.0002 ** 2 / 3, 0.0003 ** 2 / 3
+    assert fit.stderr["per_sample"] == pytest.approx(math.sqrt(var1 + var2) / 32, rel=1e-6)
+    # T(128) = -2 T(32) + 3 T(64): value 0.0225, variance 4 var1 + 9 var2
+    p = fit.predict_step_time(128)
+    assert p.value == pytest.approx(0.0225, rel=1e-9) and p.determined
+    assert p.std == pytest.approx(math.sqrt(4 * var1 + 9 * var2), rel=1e-6)
+    # differ from a constant by |0.0163 - 0.0132| / sqrt(var1 + var2) = 14.89 standard errors
+    assert "14.9 standard errors" in fit.reason
+    assert fit.train_mape == pytest.approx(0.0, abs=1e-9)
+
+    same = ThroughputModel(warmup=0, repeats=True)
+    for b, times in ((32, (0.0130, 0.0134, 0.0132)), (64, (0.0131, 0.0135, 0.0133))):
+        for t in times:
+            same.observe(b, t)
+    fit = same.fit()  # 0.0001 apart, se 0.0002/sqrt(3) each: 0.61 standard errors
+    assert not fit.usable and fit.evidence == "repeats"
+    assert "differ from a constant by 0.61 standard errors, fewer than 4" in fit.reason
+    with pytest.raises(RuntimeError, match="not usable"):
+        same.predict_step_time(128)
+
+    median = ThroughputModel(warmup=0, statistic="median", repeats=True)
+    for b, times in ((32, (0.0130, 0.0134, 0.0132)), (64, (0.0160, 0.0166, 0.0163))):
+        for t in times:
+            median.observe(b, t)
+    fit = median.fit()  # the median's standard error is sqrt(pi/2) times the mean's
+    assert fit.stderr["per_sample"] == pytest.approx(
+        math.sqrt(math.pi / 2.0 * (var1 + var2)) / 32, rel=1e-6)
+
+
+def test_repeats_fit_refuses_what_it_cannot_judge():
+    one = ThroughputModel(warmup=0, min_observations=1, repeats=True)
+    one.observe(32, 0.013)
+    one.observe(64, 0.016)
+    fit = one.fit()  # no scatter to judge by
+    assert not fit.usable and "a configuration has a single observation" in fit.reason
+    bent = ThroughputModel(warmup=0, repeats=True)
+    for b, mean in ((32, 0.0132), (64, 0.0163), (128, 0.0132)):  # not a line
+        for d in (-0.0002, 0.0, 0.0002):
+            bent.observe(b, mean + d)
+    fit = bent.fit()
+    assert not fit.usable and fit.evidence == "repeats"
+    assert "chi-square" in fit.reason and "not at most 0.25 of the constant" in fit.reason
+
+
 def test_warmup_is_dropped_on_every_visit_and_the_window_is_bounded():
     model = ThroughputModel(warmup=2, window=4, min_observations=1)
     kept = [model.observe(32, t) for t in (9.0, 8.0, 1.0, 1.1)]
@@ -268,6 +345,7 @@ def test_the_fit_depends_on_the_observations_not_their_interleaving():
     (lambda m: ThroughputModel(window=4, min_observations=5),
      "min_observations=5 exceeds window=4; .* lower min_observations or raise window"),
     (lambda m: ThroughputModel(statistic="mode"), "statistic='mode' is not valid; use 'mean' or"),
+    (lambda m: ThroughputModel(repeats=1), "repeats=1 is not valid; use True or False"),
 ])
 def test_bad_input_is_refused_with_the_value_and_the_fix(call, message):
     model = ThroughputModel()

@@ -73,9 +73,11 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     doubling up, one halving down):
 
     * **step times**: from the throughput fit, with its standard errors,
-      when the fit is usable; otherwise (fewer than the configurations a
-      fit needs, or a fit that does not beat the constant model: the step
-      time does not measurably depend on the batch) the step time is taken
+      when the fit is usable (from two batches on: the default model fits
+      from the repeats of each batch's intervals until a held-out error is
+      possible); otherwise (one batch so far, or a fit that does not beat
+      the constant model: the step time does not measurably depend on the
+      batch) the step time is taken
       as the same at every batch (``"flat"``). Flat is what a refused fit
       measured; before the fit is usable it is the optimistic guess that
       lets the policy try the next batch, and growth of one doubling per
@@ -119,9 +121,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             the first decision (independent of ``stats_interval``).
         throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel`
             to feed and predict with (default: a new
-            ``ThroughputModel(warmup=1, statistic="median")``: the first
-            interval after a change pays for new shapes; the median ignores
-            an interval with an evaluation).
+            ``ThroughputModel(warmup=1, statistic="median", repeats=True)``:
+            the first interval after a change pays for new shapes; the
+            median ignores an interval with an evaluation; two batches and
+            their repeats make a usable fit when their times differ).
         scaling_rule: how the learning rate follows the batch (default
             ``"adascale"``: AdaScale's gain from the same noise scale, as
             Pollux pairs it with goodput; ``None`` leaves the rate alone).
@@ -155,7 +158,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
         if throughput_model is None:
-            throughput_model = ThroughputModel(warmup=1, statistic="median")
+            throughput_model = ThroughputModel(warmup=1, statistic="median", repeats=True)
         elif not isinstance(throughput_model, ThroughputModel):
             raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
                             "keras_adapt.perf_model.ThroughputModel or None")
