@@ -1,6 +1,7 @@
 """AdaptationPolicy: the base class of every policy (a Keras callback)."""
 
 import json
+import math
 import os
 
 import keras
@@ -15,6 +16,14 @@ def _check_positive_int(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} is not valid; use an int >= {minimum}")
     return value
+
+
+def _check_nonneg_float(name, value, positive=False):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name}={value!r} is not valid; use a finite float "
+                         f"{'> 0' if positive else '>= 0'}")
+    return float(value)
 
 
 def _short(value):

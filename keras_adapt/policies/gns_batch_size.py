@@ -2,16 +2,8 @@
 
 import math
 
-from keras_adapt.policies.base import _check_positive_int
+from keras_adapt.policies.base import _check_nonneg_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
-
-
-def _check_nonneg_float(name, value, positive=False):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name}={value!r} is not valid; use a finite float "
-                         f"{'> 0' if positive else '>= 0'}")
-    return float(value)
 
 
 class GNSBatchSizePolicy(BatchSizePolicy):

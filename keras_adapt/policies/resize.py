@@ -14,8 +14,7 @@ import statistics
 
 from keras_adapt import _hvd
 from keras_adapt.actuators import WorkerTarget
-from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
-from keras_adapt.policies.gns_batch_size import _check_nonneg_float
+from keras_adapt.policies.base import AdaptationPolicy, _check_nonneg_float, _check_positive_int
 
 
 class ResizePolicy(AdaptationPolicy):

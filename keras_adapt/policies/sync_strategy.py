@@ -3,8 +3,7 @@
 import math
 
 from keras_adapt.optimizer import base_learning_rate
-from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
-from keras_adapt.policies.gns_batch_size import _check_nonneg_float
+from keras_adapt.policies.base import AdaptationPolicy, _check_nonneg_float, _check_positive_int
 from keras_adapt.sync import STRATEGIES, AllReduceSGD, LocalSGD, SyncStrategy
 
 
