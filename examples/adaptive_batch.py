@@ -55,8 +55,9 @@ def main():
     parser.add_argument("--max-batch", type=int, default=2048, help="global")
     parser.add_argument("--max-micro-batch", type=int, default=512, help="per worker")
     parser.add_argument("--lr", type=float, default=0.02, help="for the initial global batch")
-    parser.add_argument("--gns-multiple", type=float, default=1.0,
-                        help="target global batch = this x the noise scale")
+    parser.add_argument("--gns-multiple", type=float, default=None,
+                        help="target global batch = this x the noise scale "
+                             "(default: the policy's own, 2)")
     parser.add_argument("--logdir", default="runs/adaptive_batch")
     args = parser.parse_args()
 
@@ -77,7 +78,7 @@ def main():
     policy = GNSBatchSizePolicy(
         min_batch=size * args.micro_batch, max_batch=args.max_batch, dataset=data,
         max_micro_batch_size=args.max_micro_batch, scaling_rule="sqrt",
-        gns_multiple=args.gns_multiple,
+        **({} if args.gns_multiple is None else {"gns_multiple": args.gns_multiple}),
         warmup_updates=30, min_change_interval=50, interval=10,
         log_dir=args.logdir, verbose=1)
 
