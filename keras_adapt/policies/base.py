@@ -18,11 +18,16 @@ def _check_positive_int(name, value, minimum=1):
     return value
 
 
-def _check_nonneg_float(name, value, positive=False):
+def _check_float(name, value, positive=False, high=math.inf, fix=None):
+    """``value`` as a float if it is a finite number >= 0 (> 0 with
+    ``positive``) and <= ``high``; otherwise a ValueError naming it and
+    saying what to use (``fix``, or the range)."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name}={value!r} is not valid; use a finite float "
-                         f"{'> 0' if positive else '>= 0'}")
+    if not ok or value < 0 or (positive and value == 0) or value > high:
+        if fix is None:
+            fix = f"a finite float {'> 0' if positive else '>= 0'}"
+            fix += f" and <= {high:g}" if high < math.inf else ""
+        raise ValueError(f"{name}={value!r} is not valid; use {fix}")
     return float(value)
 
 

@@ -2,7 +2,7 @@
 
 import math
 
-from keras_adapt.policies.base import _check_nonneg_float, _check_positive_int
+from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 
 
@@ -98,8 +98,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
                               else _check_positive_int("sample_budget", sample_budget))
         self.min_updates_left = _check_positive_int("min_updates_left", min_updates_left)
         self.samples = 0  # global samples trained so far, counted per update
-        self.gns_multiple = _check_nonneg_float("gns_multiple", gns_multiple, positive=True)
-        self.hysteresis = _check_nonneg_float("hysteresis", hysteresis)
+        self.gns_multiple = _check_float("gns_multiple", gns_multiple, positive=True)
+        self.hysteresis = _check_float("hysteresis", hysteresis)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
         if not isinstance(allow_decrease, bool):

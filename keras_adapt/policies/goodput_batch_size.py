@@ -6,7 +6,7 @@ import time
 
 from keras_adapt import _hvd
 from keras_adapt.perf_model import ThroughputModel
-from keras_adapt.policies.base import _check_positive_int
+from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 
 
@@ -23,13 +23,6 @@ def statistical_efficiency(batch, base_batch, gns):
     0.5
     """
     return (gns + base_batch) / (gns + batch)
-
-
-def _check_float(name, value, low, high, what):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or not low <= value <= high:
-        raise ValueError(f"{name}={value!r} is not valid; use {what}")
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +141,11 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
                  confidence=2.0, min_change_interval=50, warmup_updates=50,
                  throughput_model=None, scaling_rule="adascale", **kwargs):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
-        self.min_efficiency = _check_float("min_efficiency", min_efficiency, 0.0, 1.0,
-                                           "a fraction in (0, 1], e.g. 0.75")
-        if self.min_efficiency == 0.0:
-            raise ValueError("min_efficiency=0 is not valid; use a fraction in (0, 1], e.g. 0.75 "
-                             "(0 would let the batch grow without bound)")
-        self.hysteresis = _check_float("hysteresis", hysteresis, 0.0, math.inf, "a float >= 0")
-        self.confidence = _check_float("confidence", confidence, 0.0, math.inf, "a float >= 0")
+        self.min_efficiency = _check_float(
+            "min_efficiency", min_efficiency, positive=True, high=1.0,
+            fix="a fraction in (0, 1], e.g. 0.75 (0 would let the batch grow without bound)")
+        self.hysteresis = _check_float("hysteresis", hysteresis)
+        self.confidence = _check_float("confidence", confidence)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
         if throughput_model is None:

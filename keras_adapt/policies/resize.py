@@ -14,7 +14,7 @@ import statistics
 
 from keras_adapt import _hvd
 from keras_adapt.actuators import WorkerTarget
-from keras_adapt.policies.base import AdaptationPolicy, _check_nonneg_float, _check_positive_int
+from keras_adapt.policies.base import AdaptationPolicy, _check_float, _check_positive_int
 
 
 class ResizePolicy(AdaptationPolicy):
@@ -236,7 +236,7 @@ class ThroughputScalingPolicy(ResizePolicy):
                          min_change_interval=min_change_interval, interval=interval,
                          log_dir=log_dir, verbose=verbose)
         self.monitor = monitor
-        self.efficiency = _check_nonneg_float("efficiency", efficiency, positive=True)
+        self.efficiency = _check_float("efficiency", efficiency, positive=True)
         if self.efficiency > 1.0:
             raise ValueError(f"efficiency={efficiency!r} is not valid; use a fraction in (0, 1] "
                              "(0.8: an added worker must add 80% of a worker's throughput)")
@@ -444,7 +444,7 @@ class GNSWorkerScalingPolicy(ResizePolicy):
         if per_worker_batch is not None:
             per_worker_batch = _check_positive_int("per_worker_batch", per_worker_batch)
         self.per_worker_batch = per_worker_batch
-        self.hysteresis = _check_nonneg_float("hysteresis", hysteresis)
+        self.hysteresis = _check_float("hysteresis", hysteresis)
         self.patience = _check_positive_int("patience", patience)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
         if not isinstance(allow_decrease, bool):

@@ -3,7 +3,7 @@
 import math
 
 from keras_adapt.optimizer import base_learning_rate
-from keras_adapt.policies.base import AdaptationPolicy, _check_nonneg_float, _check_positive_int
+from keras_adapt.policies.base import AdaptationPolicy, _check_float, _check_positive_int
 from keras_adapt.sync import STRATEGIES, AllReduceSGD, LocalSGD, SyncStrategy
 
 
@@ -178,11 +178,11 @@ class SyncStrategyPolicy(AdaptationPolicy):
         # H_max; a strategy without a period is "H >= 2".
         self.max_period = local.params().get("period", 2)
         if noise_scale is not None:
-            noise_scale = _check_nonneg_float("noise_scale", noise_scale, positive=True)
+            noise_scale = _check_float("noise_scale", noise_scale, positive=True)
         self.noise_scale = noise_scale
-        self.hysteresis = _check_nonneg_float("hysteresis", hysteresis)
+        self.hysteresis = _check_float("hysteresis", hysteresis)
         if comm_fraction is not None:
-            comm_fraction = _check_nonneg_float("comm_fraction", comm_fraction, positive=True)
+            comm_fraction = _check_float("comm_fraction", comm_fraction, positive=True)
             if comm_fraction >= 1:
                 raise ValueError(f"comm_fraction={comm_fraction!r} is not valid; use a "
                                  "fraction in (0, 1) or None")
@@ -193,7 +193,7 @@ class SyncStrategyPolicy(AdaptationPolicy):
                             "{'comm_fraction': ...}) or None")
         self.timing = timing
         if decay_ratio is not None:
-            decay_ratio = _check_nonneg_float("decay_ratio", decay_ratio, positive=True)
+            decay_ratio = _check_float("decay_ratio", decay_ratio, positive=True)
             if decay_ratio <= 1:
                 raise ValueError(f"decay_ratio={decay_ratio!r} is not valid; use a number > 1 "
                                  "(2 = after the learning rate halved) or None")
