@@ -170,6 +170,25 @@ TASKS = {
         "goodput": GOODPUT_SETTINGS,
         "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.2, 0.4, 0.8, 1.6, 3.2]},
     },
+    # A fourth task, added to check that the GNS policy's defaults (chosen
+    # on the three above) carry over: another data generator (scikit-learn's
+    # make_classification: 10 classes of Gaussian clusters, 5% flipped
+    # labels), a longer budget in updates (5 passes of 20k: 3125 updates at
+    # the small batch).
+    "classification": {
+        "data": "classification",
+        "train": 20_000, "test": 5_000,
+        "hidden": 128,
+        "min_batch": 32, "max_batch": 2048,
+        "passes": 5.0, "eval_every": 2_000,
+        # lr from --tune (small 0.005..0.1: 0.7934, 0.8168, 0.8066, 0.5614,
+        # 0.2196; large 0.16..2.56: 0.6432, 0.6264, 0.1318, 0.1000, 0.0956)
+        "target": 0.79,
+        "lr_small": 0.01, "lr_large": 0.16,
+        "gns": GNS_SETTINGS,
+        "goodput": GOODPUT_SETTINGS,
+        "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
+    },
     "digits": {
         "data": "digits",
         "test": 497,
@@ -187,6 +206,7 @@ TASKS = {
 QUICK = {  # smoke mode: the same code paths on a fraction of the data
     "teacher_student": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
     "teacher_student_wide": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
+    "classification": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
     "digits": {"passes": 3.0, "eval_every": 1_300},
 }
 #: The tasks of a smoke run unless --tasks says otherwise.
@@ -502,6 +522,15 @@ def worker(args):
             # another size draws other samples from the same teacher
             xt, yt = teacher_student(s["test"], seed=0, **s["teacher"])
             return x, y, xt, yt
+        if s["data"] == "classification":
+            from sklearn.datasets import make_classification
+
+            x, y = make_classification(
+                n_samples=s["train"] + s["test"], n_features=32, n_informative=16,
+                n_redundant=4, n_classes=10, n_clusters_per_class=2, flip_y=0.05,
+                class_sep=1.0, random_state=0)
+            x, y = x.astype("float32"), y.astype("int64")
+            return x[: s["train"]], y[: s["train"]], x[s["train"]:], y[s["train"]:]
         from sklearn.datasets import load_digits
 
         d = load_digits()
