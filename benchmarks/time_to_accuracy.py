@@ -10,7 +10,7 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
 
 How to read it
 --------------
-Three tasks, each trained several ways in the same two worker processes,
+Four tasks, each trained several ways in the same two worker processes,
 one after the other, from the same initial weights and the same seeded,
 sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
 2 x 128 ReLU MLP (2 x 1024 on ``teacher_student_wide``), SGD with momentum 0.9:
@@ -44,8 +44,12 @@ inputs, 10 classes, 5% label noise; 50k train, 10k test; its noise scale
 grows from about 150 to 450 within the budget), ``teacher_student_wide``
 (the same teacher, 20k train, 5k test, a 2 x 1024 MLP: compute-bound, its
 step time grows with the batch, as on an accelerator once it is full; the
-sweep's table shows it) and scikit-learn ``digits`` (1300 train, 497 test;
-noise scale about 25 -> 70).
+sweep's table shows it), scikit-learn ``digits`` (1300 train, 497 test;
+noise scale about 25 -> 70); ``classification``, added after the
+policies' defaults were chosen on the other three, to see whether they
+carry over (scikit-learn's ``make_classification``: 32 features, 10
+classes of two Gaussian clusters each, 5% flipped labels; 20k train, 5k
+test, 5 passes).
 
 Protocol. Every configuration gets the same number of training samples
 (``passes`` over the training set), and for all of them the LR drops 10x
