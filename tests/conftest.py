@@ -190,22 +190,26 @@ def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2,
 
 @pytest.fixture(scope="session")
 def elastic_reference(tmp_path_factory):
-    """``reference(epochs, steps, lr)``: the final weights of
-    tests/workers/elastic_train.py's one-process run (``--reference``: the
-    same global batches without elastic machinery), computed once per
-    session for each setting and shared by every elastic test file."""
+    """``reference(epochs, steps, lr, rule="keep", workers="0:1")``: the
+    final weights of tests/workers/elastic_train.py's one-process run
+    (``--reference``: the same global batches without elastic machinery;
+    with ``rule="scale"`` the global batch and the rate of the worker count
+    ``workers`` gives each update, ``"update:workers,..."``), computed once
+    per session for each setting and shared by every elastic test file."""
     done = {}
 
-    def reference(epochs, steps, lr):
-        if (epochs, steps, lr) not in done:
+    def reference(epochs, steps, lr, rule="keep", workers="0:1"):
+        key = (epochs, steps, lr, rule, workers)
+        if key not in done:
             out = tmp_path_factory.mktemp("elastic_reference")
             subprocess.run([sys.executable, os.path.join(WORKERS, "elastic_train.py"),
                             "--out", str(out), "--reference", "--epochs", str(epochs),
-                            "--steps", str(steps), "--lr", str(lr)],
+                            "--steps", str(steps), "--lr", str(lr), "--rule", rule,
+                            "--reference-workers", workers],
                            env=_env(), check=True, capture_output=True, timeout=300)
             with open(out / "reference.json") as f:
-                done[epochs, steps, lr] = json.load(f)
-        return done[epochs, steps, lr]
+                done[key] = json.load(f)
+        return done[key]
 
     return reference
 
