@@ -1106,7 +1106,7 @@ def one_then_two(tmp_path_factory, elastic_reference):
 
     from keras_adapt.events import read_events
 
-    def one_then_two(rule):
+    def chain(rule):
         base = tmp_path_factory.mktemp(f"one_then_two_{rule}")
         _, hosts = discovery_script(base, ONE_HOST)
         (one,) = _checkpoint_job(base, "one", rule, 2, 1)
@@ -1123,7 +1123,7 @@ def one_then_two(tmp_path_factory, elastic_reference):
         references = {"keep": pool.submit(elastic_reference, EPOCHS, STEPS, LR),
                       "scale": pool.submit(elastic_reference, EPOCHS, STEPS, LR, "scale",
                                            "0:1,50:2")}
-        runs = dict(zip(references, pool.map(one_then_two, references)))
+        runs = dict(zip(references, pool.map(chain, references)))
     for rule, run in runs.items():
         run["reference"] = references[rule].result()
     return runs
