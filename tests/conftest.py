@@ -132,8 +132,9 @@ def _run_job(cmd, timeout, extra_env=None, check=True):
 #: it fails, its report shows why any of their workers died.
 _JOBS = []
 
-#: A line a launcher forwards from a worker: ``[rank]<stderr>:text``.
-_FORWARDED = re.compile(r"\[(\d+)\]<(stdout|stderr)>:(.*)")
+#: A line a launcher forwards from a worker: ``[rank]<stderr>:text`` (Gloo),
+#: ``[job,rank]<stderr>:text`` (mpirun's tagged output).
+_FORWARDED = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)")
 #: Lines that start the account of a worker's death on its stderr.
 _FATAL = ("Fatal Python error", "terminate called", "Traceback (most recent call last)",
           "Segmentation fault", "Aborted", "Check failed")

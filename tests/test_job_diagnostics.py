@@ -33,5 +33,8 @@ def test_worker_failures_is_empty_for_a_clean_job_and_reads_forwarded_lines():
         "--- rank 1 stderr from its first fatal line\n"
         "terminate called after throwing an instance of 'gloo::IoException'\n"
         "  what():  Read error")
+    mpi = "[1,1]<stderr>:Fatal Python error: Segmentation fault\n"
+    assert worker_failures("", mpi) == ("--- rank 1 stderr from its first fatal line\n"
+                                        "Fatal Python error: Segmentation fault")
     many = "".join(f"[0]<stderr>:Traceback (most recent call last) {i}\n" for i in range(5))
     assert worker_failures("", many, lines=2).count("\n") == 2  # header + 2 lines
