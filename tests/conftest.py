@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,10 @@ def _env():
     # joins an elastic job must first start Python and TensorFlow, which takes
     # longer than that on a loaded 2-core machine (seen: the job then fails).
     env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
+    # A worker that dies of a signal (SIGABRT from an uncaught C++
+    # exception, SIGSEGV) prints the Python stack of every thread first;
+    # worker_failures() finds it in the job's output.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     if os.environ.get("KERAS_ADAPT_TEST_INSTALLED") != "1":
         # Workers import this checkout (tools/check_install.sh tests the
         # installed wheel instead and sets KERAS_ADAPT_TEST_INSTALLED=1).
@@ -66,14 +71,15 @@ def controllers():
     return out
 
 
-def horovodrun(script, script_args=(), np=2, controller="gloo", timeout=600, hosts=None):
+def horovodrun(script, script_args=(), np=2, controller="gloo", timeout=600, hosts=None,
+               check=True):
     """Runs ``horovodrun -np N -H localhost:N --<controller> python script ...``.
 
     With ``hosts`` (the ``emulated_hosts`` fixture) the job runs one worker
     on each emulated host instead, started over ssh. Returns the completed
-    process; fails the test with the job's output if the job exits non-zero
-    or times out. Every process of the job is killed on timeout and when
-    it ends (see :func:`_run_job`).
+    process; fails the test with the job's output if the job times out, or
+    exits non-zero unless ``check`` is False. Every process of the job is
+    killed on timeout and when it ends (see :func:`_run_job`).
     """
     horovodrun_bin = os.path.join(BIN, "horovodrun")
     if not os.path.exists(horovodrun_bin):
@@ -86,7 +92,7 @@ def horovodrun(script, script_args=(), np=2, controller="gloo", timeout=600, hos
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe"]
     cmd += [sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
-    return _run_job(cmd, timeout)
+    return _run_job(cmd, timeout, check=check)
 
 
 def _run_job(cmd, timeout, extra_env=None, check=True):
@@ -107,17 +113,80 @@ def _run_job(cmd, timeout, extra_env=None, check=True):
     except subprocess.TimeoutExpired:
         kill_job(env[JOB_MARK])
         stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{stdout[-8000:]}\n{stderr[-8000:]}")
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n"
+                    f"{worker_failures(stdout, stderr)}\n{stdout[-8000:]}\n{stderr[-8000:]}")
     finally:
         leftover = kill_job(env[JOB_MARK])  # workers that outlived the job
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    done.leftover, done.checked = leftover, check
+    _JOBS.append(done)
     if check and proc.returncode != 0:
         pytest.fail(
-            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{stdout[-8000:]}"
-            f"\n--- stderr\n{stderr[-8000:]}"
+            f"{' '.join(cmd)} exited {proc.returncode}\n{worker_failures(stdout, stderr)}"
+            f"\n--- stdout\n{stdout[-8000:]}\n--- stderr\n{stderr[-8000:]}"
         )
-    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    done.leftover = leftover
     return done
+
+
+#: The launcher jobs (completed processes) run by the test running now: when
+#: it fails, its report shows why any of their workers died.
+_JOBS = []
+
+#: A line a launcher forwards from a worker: ``[rank]<stderr>:text`` (Gloo),
+#: ``[job,rank]<stderr>:text`` (mpirun's tagged output).
+_FORWARDED = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:(.*)")
+#: Lines that start the account of a worker's death on its stderr.
+_FATAL = ("Fatal Python error", "terminate called", "Traceback (most recent call last)",
+          "Segmentation fault", "Aborted", "Check failed")
+
+
+def worker_failures(stdout, stderr, lines=80):
+    """What a launcher's output says about workers that died: the
+    launcher's ``Process N exit with status code C`` lines, then for each
+    rank whose stderr holds a fatal error (a Python traceback, an uncaught
+    C++ exception, the stack faulthandler prints on SIGABRT or SIGSEGV)
+    its stderr from the first such line on (at most ``lines`` lines).
+    Empty when the output shows none."""
+    exits = [line for line in stdout.splitlines() if "exit with status code" in line]
+    by_rank = {}
+    for line in stderr.splitlines():
+        match = _FORWARDED.search(line)
+        if match and match.group(2) == "stderr":
+            by_rank.setdefault(int(match.group(1)), []).append(match.group(3))
+    parts = ["--- worker exits: " + "; ".join(exits)] if exits else []
+    for rank, text in sorted(by_rank.items()):
+        first = next((i for i, line in enumerate(text) if line.lstrip().startswith(_FATAL)),
+                     None)
+        if first is not None:
+            parts.append(f"--- rank {rank} stderr from its first fatal line\n"
+                         + "\n".join(text[first:first + lines]))
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test starts with no recorded jobs (a module fixture's jobs are
+    recorded with the first test that uses it)."""
+    _JOBS.clear()
+    yield
+    _JOBS.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report gets a section per job it ran whose output
+    shows dead workers but that did not fail the test itself (an elastic
+    job goes on without them, or the test expected the job to stop): their
+    exits, stacks and the end of the job's stderr."""
+    report = (yield).get_result()
+    if not report.failed:
+        return
+    for i, job in enumerate(_JOBS):
+        failures = worker_failures(job.stdout, job.stderr)
+        if failures and not (job.checked and job.returncode != 0):
+            report.sections.append((f"horovodrun job {i} ({report.when}): dead workers",
+                                    f"{' '.join(map(str, job.args))}\n{failures}"
+                                    f"\n--- stderr tail\n{job.stderr[-4000:]}"))
 
 
 @pytest.fixture(scope="session")
@@ -190,22 +259,26 @@ def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2,
 
 @pytest.fixture(scope="session")
 def elastic_reference(tmp_path_factory):
-    """``reference(epochs, steps, lr)``: the final weights of
-    tests/workers/elastic_train.py's one-process run (``--reference``: the
-    same global batches without elastic machinery), computed once per
-    session for each setting and shared by every elastic test file."""
+    """``reference(epochs, steps, lr, rule="keep", workers="0:1")``: the
+    final weights of tests/workers/elastic_train.py's one-process run
+    (``--reference``: the same global batches without elastic machinery;
+    with ``rule="scale"`` the global batch and the rate of the worker count
+    ``workers`` gives each update, ``"update:workers,..."``), computed once
+    per session for each setting and shared by every elastic test file."""
     done = {}
 
-    def reference(epochs, steps, lr):
-        if (epochs, steps, lr) not in done:
+    def reference(epochs, steps, lr, rule="keep", workers="0:1"):
+        key = (epochs, steps, lr, rule, workers)
+        if key not in done:
             out = tmp_path_factory.mktemp("elastic_reference")
             subprocess.run([sys.executable, os.path.join(WORKERS, "elastic_train.py"),
                             "--out", str(out), "--reference", "--epochs", str(epochs),
-                            "--steps", str(steps), "--lr", str(lr)],
+                            "--steps", str(steps), "--lr", str(lr), "--rule", rule,
+                            "--reference-workers", workers],
                            env=_env(), check=True, capture_output=True, timeout=300)
             with open(out / "reference.json") as f:
-                done[epochs, steps, lr] = json.load(f)
-        return done[epochs, steps, lr]
+                done[key] = json.load(f)
+        return done[key]
 
     return reference
 

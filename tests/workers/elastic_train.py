@@ -30,6 +30,9 @@ callbacks: when every worker is signalled it is written and every worker
 exits with 75; the same command again resumes from it (with any worker
 count). ``--save-freq N``: its save_freq (written every N updates too).
 
+``--reference --rule scale --reference-workers 0:1,50:2``: the reference
+of a job whose updates 0-49 ran on one worker and the rest on two.
+
 ``--request-workers N --request-at I``: a ResizePolicy asks for N workers
 once global step I has run (through the target file that ``keras-adapt
 discover``, the job's discovery script, reads: KERAS_ADAPT_TARGET_FILE); the worker then holds its steps until the driver announced the
@@ -76,6 +79,8 @@ parser.add_argument("--sleep", type=float, default=0.04)
 parser.add_argument("--lr", type=float, default=0.02)
 parser.add_argument("--actions", default="[]")
 parser.add_argument("--reference", action="store_true")
+parser.add_argument("--reference-workers", default="0:1",
+                    help="with --reference: update:workers,... (the workers from each update on)")
 parser.add_argument("--request-workers", type=int, default=None)
 parser.add_argument("--request-at", type=int, default=None)
 parser.add_argument("--sync", default=None, help="local_sgd:H")
@@ -101,10 +106,14 @@ def step_indices(epoch, step, rank, workers, per_worker):
     return perm[(start + np.arange(per_worker)) % SAMPLES]
 
 
-def make_model():
+def make_model(plain=False):
+    """The model; ``plain``: compiled with Keras's own Adam (no keras-adapt)."""
     keras.utils.set_random_seed(11)
     model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(4, activation="tanh"),
                               keras.layers.Dense(1)])
+    if plain:
+        model.compile(keras.optimizers.Adam(args.lr), "mse")
+        return model
     # Adam: the joining worker needs the slots (m, v) before the first sync.
     sync = None
     if args.sync is not None:
@@ -199,12 +208,21 @@ class Recorder(keras.callbacks.Callback):
         time.sleep(args.sleep)
 
 
-model = make_model()
+model = make_model(plain=args.reference and args.rule == "scale")
 if args.reference:
-    # One process, no elastic machinery: the same global batches in order.
+    # One process, no elastic machinery: the global batches of the workers
+    # running each update, in order. "keep": the global batch whatever the
+    # workers; "scale": N x batch_size at the rate times N / 2 (linear, rates
+    # given for 2 workers), set on Keras's own Adam.
+    changes = sorted(tuple(map(int, c.split(":"))) for c in args.reference_workers.split(","))
     for e in range(args.epochs):
         for s in range(args.steps):
-            idx = step_indices(e, s, 0, 1, args.global_batch)
+            workers = [n for start, n in changes if start <= e * args.steps + s][-1]
+            if args.rule == "scale":
+                model.optimizer.learning_rate = args.lr * workers / 2
+                idx = step_indices(e, s, 0, 1, workers * args.batch_size)
+            else:
+                idx = step_indices(e, s, 0, 1, args.global_batch)
             model.train_on_batch(X[idx], Y[idx])
     out = {"weights": [w.tolist() for w in model.get_weights()],
            "iterations": int(model.optimizer.iterations.numpy())}
