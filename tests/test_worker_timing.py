@@ -352,6 +352,40 @@ def test_collective_timing_brackets_the_collective():
     assert count == 3 and 0.09 <= wait < 1.0
 
 
+def test_bracket_in_a_cond_branch_waits_for_its_inputs(monkeypatch):
+    # The update reduces inside a tf.cond branch, where a control dependency
+    # on a tensor of the enclosing graph is dropped: the first stamp (and the
+    # slow-rank sleep) once ran at the start of the step, so the "wait" held
+    # the whole computation and the hook stretched almost nothing.
+    import time
+
+    import tensorflow as tf
+
+    monkeypatch.setenv(SLOW_RANK_ENV, "0:2")
+    timing = CollectiveTiming()
+    timing.enable()
+
+    def compute():
+        time.sleep(0.1)  # 100 ms of "computation" that the gradient needs
+        return np.float32(1.0)
+
+    @tf.function
+    def step(pred):
+        grad = tf.py_function(compute, [], tf.float32)
+        branch = lambda: timing.bracket(lambda ts: [t * 2.0 for t in ts], [grad], size=2)
+        return tf.cond(pred, branch, branch)
+
+    seconds = []
+    for _ in range(4):
+        start = time.perf_counter()
+        assert float(step(tf.constant(True))[0]) == 2.0
+        seconds.append(time.perf_counter() - start)
+    wait, count = timing.read()
+    assert count == 4 and wait < 0.02 * 4, wait  # the collective alone: no computation
+    # from the 2nd step on, rank 0 sleeps (2 - 1) x its 100+ ms between collectives
+    assert all(s >= 0.19 for s in seconds[1:]), seconds
+
+
 def test_bad_arguments_are_named(monkeypatch):
     with pytest.raises(ValueError, match="interval=0"):
         WorkerTimingMonitor(interval=0)
