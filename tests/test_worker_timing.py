@@ -253,6 +253,40 @@ def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path, 
     _check_straggler_events(plain, plain_dir)
 
 
+def test_slow_rank_hook_slows_by_its_factor_with_and_without_the_monitor(tmp_path):
+    # A compute-bound step (a small convolution, a 10 KB allreduce): rank 1
+    # slowed 1.5x makes the whole step nearly 1.5x longer (the collective is
+    # not stretched, and on a loaded machine it is slow: 1.28-1.40x seen at
+    # load averages 9-16), whether or not a WorkerTimingMonitor times the
+    # collectives, and the monitor sees rank 1 compute about 1.5x what rank
+    # 0 does. (The hook once stretched only the host work between steps:
+    # steps 0.8-1.12x as long, in both configurations.)
+    out = tmp_path / "out"
+    out.mkdir()
+    horovodrun("slow_rank_checks.py", ["--out", out, "--factor", "1.5"], np=2, timeout=300)
+    results = load_rank_results(str(out), 2)
+    runs = {(r["timed"], r["slow"]): r for r in results[0]["runs"]}
+    step = {key: statistics.median(r["steps"]) for key, r in runs.items()}
+    ratios = {timed: step[timed, True] / step[timed, False] for timed in (False, True)}
+
+    def compute_ratio(measurements):
+        return statistics.median(m["compute_time"][1] / m["compute_time"][0]
+                                 for m in measurements)
+
+    computed = {slow: compute_ratio(runs[True, slow]["measurements"]) for slow in (False, True)}
+    print(f"slow rank 1:1.5: step time x{ratios[False]:.2f} without the monitor, "
+          f"x{ratios[True]:.2f} with it; median compute ratio rank 1 / rank 0 "
+          f"{computed[False]:.2f} plain, {computed[True]:.2f} slowed; median steps (ms) "
+          + ", ".join(f"{k}: {v * 1000:.1f}" for k, v in step.items()))
+    assert 1.2 <= ratios[False] <= 1.75, ratios
+    assert 1.2 <= ratios[True] <= 1.75, ratios
+    assert 1.25 <= computed[True] <= 1.75 and 0.75 <= computed[False] <= 1.25, computed
+    # Both ranks timed the same steps (the job is synchronous).
+    other = {(r["timed"], r["slow"]): r for r in results[1]["runs"]}
+    for key, r in runs.items():
+        assert len(r["steps"]) == len(other[key]["steps"]) == 4 * 18
+
+
 def test_local_sgd_model_averaging_is_timed(tmp_path):
     # LocalSGD(period=5) without statistics: the only collective is the
     # models' average every 5 updates, and it is what the monitor times.
