@@ -266,8 +266,14 @@ def test_slow_rank_hook_slows_by_its_factor_with_and_without_the_monitor(tmp_pat
     horovodrun("slow_rank_checks.py", ["--out", out, "--factor", "1.5"], np=2, timeout=300)
     results = load_rank_results(str(out), 2)
     runs = {(r["timed"], r["slow"]): r for r in results[0]["runs"]}
-    step = {key: statistics.median(r["steps"]) for key, r in runs.items()}
-    ratios = {timed: step[timed, True] / step[timed, False] for timed in (False, True)}
+    step = {key: statistics.median(t for block in r["steps"] for t in block)
+            for key, r in runs.items()}
+    # Each slowed block against the plain block run just before it (the
+    # load of a shared machine changes within seconds): the median ratio.
+    ratios = {timed: statistics.median(
+        statistics.median(slow) / statistics.median(plain)
+        for plain, slow in zip(runs[timed, False]["steps"], runs[timed, True]["steps"]))
+        for timed in (False, True)}
 
     def compute_ratio(measurements):
         return statistics.median(m["compute_time"][1] / m["compute_time"][0]
@@ -284,7 +290,7 @@ def test_slow_rank_hook_slows_by_its_factor_with_and_without_the_monitor(tmp_pat
     # Both ranks timed the same steps (the job is synchronous).
     other = {(r["timed"], r["slow"]): r for r in results[1]["runs"]}
     for key, r in runs.items():
-        assert len(r["steps"]) == len(other[key]["steps"]) == 4 * 18
+        assert [len(b) for b in r["steps"]] == [len(b) for b in other[key]["steps"]] == [10] * 8
 
 
 def test_local_sgd_model_averaging_is_timed(tmp_path):

@@ -35,8 +35,8 @@ from keras_adapt.monitors.worker_timing import SLOW_RANK_ENV  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--factor", type=float, required=True)
-parser.add_argument("--blocks", type=int, default=4)
-parser.add_argument("--block", type=int, default=20)
+parser.add_argument("--blocks", type=int, default=8)
+parser.add_argument("--block", type=int, default=12)
 args = parser.parse_args()
 rank = keras_adapt.rank()
 BATCH = 64
@@ -52,7 +52,7 @@ class Clock(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.begins, self.steps = [], []
+        self.begins, self.steps = [], []  # steps: one list per fit
 
     def on_train_begin(self, logs=None):
         self.begins = []
@@ -62,7 +62,7 @@ class Clock(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         t = self.begins + [time.perf_counter()]
-        self.steps += [b - a for a, b in zip(t[2:-1], t[3:])]
+        self.steps.append([b - a for a, b in zip(t[2:-1], t[3:])])
 
 
 class Measurements(keras.callbacks.Callback):
