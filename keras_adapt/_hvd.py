@@ -86,7 +86,12 @@ def _with_delay(tensors):
         _sleep(delay / 1000.0)
         return 0
 
-    done = tf.py_function(wait, [], tf.int32, name="keras_adapt_collective_delay")
+    # The sleep waits for the inputs: copies made here, since inside a
+    # tf.cond branch a control dependency on a tensor of the enclosing graph
+    # is dropped (the sleep would overlap the computation).
+    ready = [tf.identity(t.values if isinstance(t, tf.IndexedSlices) else t) for t in tensors]
+    with tf.control_dependencies(ready):
+        done = tf.py_function(wait, [], tf.int32, name="keras_adapt_collective_delay")
     with tf.control_dependencies([done]):
         return [tf.identity(t) if not isinstance(t, tf.IndexedSlices) else
                 tf.IndexedSlices(tf.identity(t.values), t.indices, t.dense_shape)

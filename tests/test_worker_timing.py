@@ -253,6 +253,46 @@ def test_slow_rank_hook_makes_rank1_three_times_slower_and_is_flagged(tmp_path, 
     _check_straggler_events(plain, plain_dir)
 
 
+def test_slow_rank_hook_slows_by_its_factor_with_and_without_the_monitor(tmp_path):
+    # A compute-bound step (a small convolution, a 10 KB allreduce): rank 1
+    # slowed 1.5x makes the whole step nearly 1.5x longer (the collective is
+    # not stretched, and on a loaded machine it is slow: 1.28-1.40x seen at
+    # load averages 9-16), whether or not a WorkerTimingMonitor times the
+    # collectives, and the monitor sees rank 1 compute about 1.5x what rank
+    # 0 does. (The hook once stretched only the host work between steps:
+    # steps 0.8-1.12x as long, in both configurations.)
+    out = tmp_path / "out"
+    out.mkdir()
+    horovodrun("slow_rank_checks.py", ["--out", out, "--factor", "1.5"], np=2, timeout=300)
+    results = load_rank_results(str(out), 2)
+    runs = {(r["timed"], r["slow"]): r for r in results[0]["runs"]}
+    step = {key: statistics.median(t for block in r["steps"] for t in block)
+            for key, r in runs.items()}
+    # Each slowed block against the plain block run just before it (the
+    # load of a shared machine changes within seconds): the median ratio.
+    ratios = {timed: statistics.median(
+        statistics.median(slow) / statistics.median(plain)
+        for plain, slow in zip(runs[timed, False]["steps"], runs[timed, True]["steps"]))
+        for timed in (False, True)}
+
+    def compute_ratio(measurements):
+        return statistics.median(m["compute_time"][1] / m["compute_time"][0]
+                                 for m in measurements)
+
+    computed = {slow: compute_ratio(runs[True, slow]["measurements"]) for slow in (False, True)}
+    print(f"slow rank 1:1.5: step time x{ratios[False]:.2f} without the monitor, "
+          f"x{ratios[True]:.2f} with it; median compute ratio rank 1 / rank 0 "
+          f"{computed[False]:.2f} plain, {computed[True]:.2f} slowed; median steps (ms) "
+          + ", ".join(f"{k}: {v * 1000:.1f}" for k, v in step.items()))
+    assert 1.2 <= ratios[False] <= 1.75, ratios
+    assert 1.2 <= ratios[True] <= 1.75, ratios
+    assert 1.25 <= computed[True] <= 1.75 and 0.75 <= computed[False] <= 1.25, computed
+    # Both ranks timed the same steps (the job is synchronous).
+    other = {(r["timed"], r["slow"]): r for r in results[1]["runs"]}
+    for key, r in runs.items():
+        assert [len(b) for b in r["steps"]] == [len(b) for b in other[key]["steps"]] == [10] * 8
+
+
 def test_local_sgd_model_averaging_is_timed(tmp_path):
     # LocalSGD(period=5) without statistics: the only collective is the
     # models' average every 5 updates, and it is what the monitor times.
@@ -350,6 +390,40 @@ def test_collective_timing_brackets_the_collective():
         assert run()[0].numpy().tolist() == [2.0, 4.0]
     wait, count = timing.read()
     assert count == 3 and 0.09 <= wait < 1.0
+
+
+def test_bracket_in_a_cond_branch_waits_for_its_inputs(monkeypatch):
+    # The update reduces inside a tf.cond branch, where a control dependency
+    # on a tensor of the enclosing graph is dropped: the first stamp (and the
+    # slow-rank sleep) once ran at the start of the step, so the "wait" held
+    # the whole computation and the hook stretched almost nothing.
+    import time
+
+    import tensorflow as tf
+
+    monkeypatch.setenv(SLOW_RANK_ENV, "0:2")
+    timing = CollectiveTiming()
+    timing.enable()
+
+    def compute():
+        time.sleep(0.1)  # 100 ms of "computation" that the gradient needs
+        return np.float32(1.0)
+
+    @tf.function
+    def step(pred):
+        grad = tf.py_function(compute, [], tf.float32)
+        branch = lambda: timing.bracket(lambda ts: [t * 2.0 for t in ts], [grad], size=2)
+        return tf.cond(pred, branch, branch)
+
+    seconds = []
+    for _ in range(4):
+        start = time.perf_counter()
+        assert float(step(tf.constant(True))[0]) == 2.0
+        seconds.append(time.perf_counter() - start)
+    wait, count = timing.read()
+    assert count == 4 and wait < 0.02 * 4, wait  # the collective alone: no computation
+    # from the 2nd step on, rank 0 sleeps (2 - 1) x its 100+ ms between collectives
+    assert all(s >= 0.19 for s in seconds[1:]), seconds
 
 
 def test_bad_arguments_are_named(monkeypatch):

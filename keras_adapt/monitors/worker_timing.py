@@ -162,6 +162,10 @@ class CollectiveTiming(TracedOption):
         factor = _stretch_factor(size)
         if not self.enabled and factor is None:
             return collective(tensors)
+        # Copies made here: inside a tf.cond branch (the update reduces in
+        # one) a control dependency on a tensor of the enclosing graph is
+        # dropped, and the stamp would run before the gradients are computed.
+        tensors = _after([], tensors)
         with tf.control_dependencies(_flat(tensors)):
             start = tf.timestamp()
         if factor is not None:
