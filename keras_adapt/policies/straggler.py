@@ -5,14 +5,7 @@ import statistics
 import warnings
 
 from keras_adapt import _hvd
-from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
-
-
-def _check_float(name, value, minimum, fix):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or value < minimum:
-        raise ValueError(f"{name}={value!r} is not valid; use {fix}")
-    return float(value)
+from keras_adapt.policies.base import AdaptationPolicy, _check_float, _check_positive_int
 
 
 def slow_ranks(compute_times, threshold):
@@ -208,12 +201,9 @@ class StragglerPolicy(AdaptationPolicy):
         super().__init__(interval=monitor.interval if interval is None else interval,
                          log_dir=log_dir, verbose=verbose)
         self.monitor = monitor
-        self.warmup_s = _check_float("warmup_s", warmup_s, 0.0, "seconds >= 0 (e.g. 30)")
-        self.threshold = _check_float("threshold", threshold, 0.0,
-                                      "a fraction > 0 (e.g. 0.067 for 6.7 %)")
-        if self.threshold == 0.0:
-            raise ValueError(f"threshold={threshold!r} is not valid; use a fraction > 0 "
-                             "(e.g. 0.067 for 6.7 %)")
+        self.warmup_s = _check_float("warmup_s", warmup_s, fix="seconds >= 0 (e.g. 30)")
+        self.threshold = _check_float("threshold", threshold, positive=True,
+                                      fix="a fraction > 0 (e.g. 0.067 for 6.7 %)")
         self.patience = _check_positive_int("patience", patience)
         if action not in ACTIONS:
             raise ValueError(f"action={action!r} is not valid; use one of {ACTIONS}")
