@@ -77,8 +77,9 @@ What it measures
   ``horovod.tensorflow`` allreduce / grouped allreduce executed, in the
   graph or on the host: gradient allreduces, model averagings, statistics
   allreduces, the averaging of a strategy switch), divided by the global
-  samples trained. The initial broadcast of the weights
-  (``BroadcastGlobalVariablesCallback``) is counted apart (``broadcasts``),
+  samples trained. The broadcasts of ``BroadcastGlobalVariablesCallback``
+  are counted apart (``broadcasts``; fewer under the strategies local from
+  the first update, whose first update averages the optimizer slots),
   and so are allgathers (``gathers``: the adaptive configuration's
   ``WorkerTimingMonitor``, one per 10 steps; none elsewhere).
   Under the delay the slow-network hook counts the collectives it delayed

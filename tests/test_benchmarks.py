@@ -187,7 +187,11 @@ def test_sync_strategies_quick():
     budget = line["budget"]
     assert budget == int(1.5 * line["train_size"])
     broadcasts = configs["ssgd_small@0"]["broadcasts"]
-    assert broadcasts > 0
+    # A strategy local from the first update averages the optimizer slots made
+    # at the first trace itself: the callback's second broadcast leaves them out.
+    starts_local = {"sma", "local_sgd", "post_local", "block_momentum"}
+    local_broadcasts = configs["sma@0"]["broadcasts"]
+    assert 0 < local_broadcasts < broadcasts
     for key, run in configs.items():
         batch = run["global_batch"]
         assert batch == (512 if run["config"] == "ssgd_large" else 32)
@@ -197,7 +201,8 @@ def test_sync_strategies_quick():
         assert 0.0 <= run["final"] <= 1.0
         assert run["collectives_per_sample"] == pytest.approx(
             run["collectives"] / run["samples"], abs=1e-6)
-        assert run["broadcasts"] == broadcasts  # the initial broadcast, the same for all
+        assert run["broadcasts"] == (local_broadcasts if run["config"] in starts_local
+                                     else broadcasts)
         # allgathers: the adaptive configuration's timing monitor, every 10 steps
         if run["config"] == "adaptive":
             assert run["gathers"] == (run["updates"] - 1) // 10 > 0

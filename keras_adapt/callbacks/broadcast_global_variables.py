@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_adapt import _hvd
-from keras_adapt.optimizer import WorkerLocalVariables
+from keras_adapt.optimizer import WorkerLocalVariables, is_distributed, variable_key
 
 
 def _variables(obj):
@@ -57,6 +57,13 @@ def _check_local_variables(local_variables):
     return local_variables
 
 
+def _keys(variables):
+    keys = set()
+    for v in variables:
+        keys |= variable_key(v)
+    return keys
+
+
 def _is_built(model):
     """Whether the model's weights exist (a ``Sequential`` without ``Input``
     gets them only inside the first train step)."""
@@ -67,18 +74,27 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcasts the model's and the optimizer's variables from ``root_rank``.
 
     keras-adapt's own version of Horovod's callback, built on Horovod's core
-    collectives so it also runs on Keras 3. Model weights are broadcast at the
-    start of training, so the first step already starts from identical
-    weights on all ranks; after the first batch everything is broadcast once
-    more, including optimizer slots that Keras 2 creates lazily.
+    collectives so it also runs on Keras 3. Model and optimizer variables are
+    broadcast at the start of training, so the first step already starts
+    from identical weights on all ranks; after the first batch the variables
+    created during it (optimizer slots made at the first trace, the weights
+    of a model built lazily) are broadcast too. Variables broadcast at the
+    start are not sent again: under S-SGD they stay equal, and under a local
+    synchronisation strategy (``keras_adapt.sync``) each worker's first
+    local step is its own. When the first update of a local strategy
+    averages the weights and slots itself
+    (``optimizer.adapt_state.sync.averages_next_update``), those are left to
+    that averaging.
 
     A model whose weights are created lazily (a ``Sequential`` without an
     ``Input``, as in Horovod's MNIST example) has no weights at the start of
     training: its first step then runs from each rank's own initial weights
     (with the averaged gradient, as in Horovod), and the broadcast at the end
     of that step makes weights and optimizer slots identical on every rank
-    from the second step on. Give the model an ``Input`` (or ``build`` it)
-    for identical weights from the first step.
+    from the second step on (under a local strategy used from the start, the
+    first update averages the ranks' initial weights instead). Give the
+    model an ``Input`` (or ``build`` it) for identical weights from the
+    first step.
 
     Args:
         root_rank: the rank whose values everyone takes (usually 0).
@@ -106,6 +122,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         for v in _check_local_variables(local_variables):
             self._local.add(v)
         self._done = False
+        self._sent = []
+        self._sync = None
+        self._averaged = False
 
     def register_local_var(self, var):
         """Leaves ``var`` out of the broadcast (Horovod's name).
@@ -125,20 +144,30 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 "use a rank between 0 and size-1"
             )
 
-    def _broadcast_all(self):
+    def _global_variables(self):
         optimizer = getattr(self.model, "optimizer", None)
         variables = _variables(self.model) + _variables(optimizer)
         if self._local:
             variables = [v for v in variables if not self._local.contains(v)]
-        broadcast_variables(variables, self.root_rank)
+        return variables
 
     def on_train_begin(self, logs=None):
         self._check_rank()
         self._done = False
-        if _is_built(self.model):
-            self._broadcast_all()
+        self._sent = self._global_variables() if _is_built(self.model) else []
+        broadcast_variables(self._sent, self.root_rank)
+        optimizer = getattr(self.model, "optimizer", None)
+        self._sync = optimizer.adapt_state.sync if is_distributed(optimizer) else None
+        self._averaged = self._sync is not None and self._sync.averages_next_update
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._done:
-            self._done = True
-            self._broadcast_all()
+        if self._done:
+            return
+        self._done = True
+        skip = _keys(self._sent)
+        if self._averaged:  # the first update averaged these itself
+            weights, slots = self._sync.synchronized_variables()
+            skip |= _keys(weights + slots)
+        broadcast_variables([v for v in self._global_variables()
+                             if not variable_key(v) & skip], self.root_rank)
+        self._sent = []

@@ -135,6 +135,25 @@ class SyncState:
         """Whether a local strategy was declared (else the train step is the plain one)."""
         return any(s.local for s in self.candidates.values())
 
+    @property
+    def averages_next_update(self):
+        """Whether the next update first averages the shared weights and the
+        optimizer slots over the workers, in-graph, before it applies its
+        gradient (a local strategy used from the start, or after
+        :meth:`rejoin`). A broadcast after that update would overwrite each
+        worker's own first local step, so ``BroadcastGlobalVariablesCallback``
+        leaves these variables to the averaging.
+
+        Example:
+
+        >>> from keras_adapt.sync import AllReduceSGD, LocalSGD, SyncState
+        >>> SyncState([LocalSGD(period=4)]).averages_next_update
+        True
+        >>> SyncState([AllReduceSGD(), LocalSGD(period=4)]).averages_next_update
+        False
+        """
+        return self.has_local and not bool(self.entered.numpy())
+
     def set(self, strategy, **params):
         """Switches to ``strategy`` (an object or a name) and / or changes its
         parameters, between steps, without retracing. The strategy's class

@@ -2,7 +2,8 @@
 
 Phases (all in one launch, to keep the suite fast):
   strategies  each strategy (SGD with momentum, and Adam) over several
-              averaging periods from the same start: this rank's weights and
+              averaging periods from the same start, with
+              BroadcastGlobalVariablesCallback: this rank's weights and
               optimizer slots, and an independent numpy simulation of both
               workers doing the same math
   switches    one model switched LocalSGD -> AllReduceSGD -> BlockMomentum ->
@@ -168,7 +169,7 @@ class Record(keras.callbacks.Callback):
             [np.asarray(s).tolist() for s in self.opt.adapt_state.sync.synchronized_variables()[1]])
 
 
-def run(schedule, kind, lr, steps, declared):
+def run(schedule, kind, lr, steps, declared, broadcast=False):
     base = keras.optimizers.SGD(lr, momentum=0.9) if kind == "sgd" else keras.optimizers.Adam(lr)
     opt = keras_adapt.DistributedOptimizer(base, sync_strategy=declared)
     model = keras.Sequential([keras.Input((DIN,)), keras.layers.Dense(DOUT)])
@@ -177,7 +178,11 @@ def run(schedule, kind, lr, steps, declared):
     record = Record(opt, schedule)
     traces[0] = 0
     x, y = data(rank, steps)
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record])
+    # Horovod's start-of-training broadcast, as users add it: it must not
+    # replace a worker's first local step with rank 0's
+    callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)] if broadcast else []
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=callbacks + [record])
     return record.snapshots, traces[0], opt
 
 
@@ -193,7 +198,8 @@ cases = {
 results["strategies"] = {}
 for name, (strategy, kind, lr) in cases.items():
     steps = 12
-    got, n_traces, _ = run({0: strategy}, kind, lr, steps, [strategy, AllReduceSGD()])
+    got, n_traces, _ = run({0: strategy}, kind, lr, steps, [strategy, AllReduceSGD()],
+                           broadcast=True)
     ref = simulate({0: strategy}, kind, lr, steps)
     results["strategies"][name] = {"got": got[steps - 1], "ref": ref[steps - 1],
                                    "got_mid": got[6], "ref_mid": ref[6], "traces": n_traces}
