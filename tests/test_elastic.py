@@ -1042,16 +1042,25 @@ def _checkpoint_job(tmp_path, name, rule, epochs, np):
                   key=lambda r: r["rank"])
 
 
-def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_rule(tmp_path):
+def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_rule(
+        tmp_path, elastic_reference):
     """Two workers ("scale", rates given for two) write a checkpoint every 25
     updates (save_freq=25: rank 0, right after the commit there); the job
     ends after 2 epochs (60 updates) with its last disk checkpoint at 50.
     The same command on ONE worker to 3 epochs resumes at update 50 with
     the rule applied: half the learning rate, the per-worker batch kept
-    (the global batch halves), recorded in the ``resume`` event."""
+    (the global batch halves), recorded in the ``resume`` event; its final
+    weights are those of one process running the same global batches and
+    rates."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from keras_adapt.callbacks import PreemptionCheckpoint
     from keras_adapt.events import read_events
 
+    # Updates 0-49: global batch 32 at the rate; from 50: 16 at half the rate.
+    pool = ThreadPoolExecutor(1)
+    reference = pool.submit(elastic_reference, EPOCHS, STEPS, LR, "scale", "0:2,50:1")
+    pool.shutdown(wait=False)
     log, ckdir = tmp_path / "log", tmp_path / "ck"
     _, hosts = discovery_script(tmp_path, TWO_HOSTS)
     two = _checkpoint_job(tmp_path, "two", "scale", 2, 2)
@@ -1089,8 +1098,12 @@ def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_ru
     # The one-worker job goes on writing its own periodic checkpoints.
     assert (periodic["kind"], periodic["step"]) == ("checkpoint", 75)
     assert ckpt.read_meta(ckpt.checkpoints()[-1])["workers"] == 1
+    _assert_weights(one, reference.result())
+    diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))))
+               for g, w in zip(one["weights"], reference.result()["weights"]))
     print(f"2 workers saved at 25 and 50; 1 worker resumed at 50 with lr {one['lr']:.4f} "
-          f"(x{resume['after']['lr_factor']}), global batch 32 -> 16")
+          f"(x{resume['after']['lr_factor']}), global batch 32 -> 16, "
+          f"max |w - reference| {diff:.2e}")
 
 
 @pytest.fixture(scope="module")
