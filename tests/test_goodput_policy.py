@@ -43,6 +43,20 @@ def test_statistical_efficiency_and_candidates():
     assert policy.candidates() == [32, 64, 128, 256, 512, 1000]  # min x 2^i, then max
 
 
+def test_the_default_adascale_gain_is_the_scale_times_the_efficiency():
+    # The policy's default learning-rate rule reads the same noise scale:
+    # with |G|^2 = 1 and tr(Sigma) = phi = 96 at base batch 32, sigma^2 = 3
+    # and AdaScale's gain at 128 (scale 4) is (3 + 1) / (3/4 + 1) = 16/7,
+    # which is 4 x E(128) = 4 x 128/224: at the efficiency floor the rate
+    # is min_efficiency x the linearly scaled one.
+    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=512, micro_batch_size=32)
+    assert type(policy.scaling_rule).__name__ == "AdaScale"
+    gain = policy.scaling_rule.factor(4.0, {"grad_sqr": 1.0, "grad_var": 96.0}, base_batch=32)
+    assert gain == pytest.approx(16.0 / 7.0)
+    assert gain == pytest.approx(4.0 * statistical_efficiency(128, 32, 96.0))
+    assert statistical_efficiency(128, 32, 96.0) == pytest.approx(4.0 / 7.0)
+
+
 def test_flat_step_times_grow_one_doubling_while_efficiency_holds():
     # No usable fit (nothing observed): step times flat, so the goodput
     # gain of a doubling is 2 x E(2M) / E(M) and the floor decides.
