@@ -1,5 +1,6 @@
-"""Real multi-process checks: horovodrun -np 2 on localhost (Gloo, and MPI if built),
-and on two emulated hosts started over ssh (Gloo, and MPI if built)."""
+"""Real multi-process checks: horovodrun -np 2 on localhost (Gloo, and MPI if built,
+on both stacks), and on two emulated hosts started over ssh (Gloo, and MPI if built
+on the primary stack)."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ from conftest import controllers, horovodrun, load_rank_results
 EMULATED = "-emulated-hosts"
 
 
-@pytest.fixture(scope="module", params=controllers() + [c + EMULATED for c in controllers()])
+@pytest.fixture(scope="module",
+                params=controllers(every_stack=True) + [c + EMULATED for c in controllers()])
 def results(request, tmp_path_factory):
     """Two workers on localhost with each controller, and one worker on each
     of two emulated hosts (network namespaces, started over ssh)."""
