@@ -98,7 +98,7 @@ def test_time_to_accuracy_repeats_keep_the_median_run():
 @pytest.mark.primary_only
 def test_time_to_accuracy_repeats_every_run():
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
-           "--tasks", "digits", "--configs", "small", "gns", "--repeats", "2"]
+           "--tasks", "digits", "--configs", "small", "--repeats", "2"]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
