@@ -58,13 +58,6 @@ def horovod_source_file(relative, what):
     return path
 
 
-def primary_stack():
-    """Whether the tests run on the primary stack (Keras 3)."""
-    import keras
-
-    return int(keras.__version__.split(".")[0]) >= 3
-
-
 def controllers(every_stack=False):
     """Horovod controllers to test with: Gloo always, and MPI when Horovod has
     it -- on the primary stack always, on the legacy stack (tf.keras 2) only
@@ -73,8 +66,10 @@ def controllers(every_stack=False):
     ours under both, so the legacy suite runs one MPI job (the basic
     distributed checks: start-up, every collective, training) and keeps its
     time for what differs there, the Keras 2 bindings."""
+    from keras_adapt import _keras
+
     out = ["gloo"]
-    if not (every_stack or primary_stack()):
+    if not (every_stack or _keras.IS_KERAS3):
         return out
     try:
         import horovod.tensorflow as hvd
