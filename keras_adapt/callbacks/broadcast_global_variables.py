@@ -123,8 +123,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._local.add(v)
         self._done = False
         self._sent = []
-        self._sync = None
-        self._averaged = False
+        # the SyncState whose next update averages the weights and slots itself
+        self._averaging = None
 
     def register_local_var(self, var):
         """Leaves ``var`` out of the broadcast (Horovod's name).
@@ -157,16 +157,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._sent = self._global_variables() if _is_built(self.model) else []
         broadcast_variables(self._sent, self.root_rank)
         optimizer = getattr(self.model, "optimizer", None)
-        self._sync = optimizer.adapt_state.sync if is_distributed(optimizer) else None
-        self._averaged = self._sync is not None and self._sync.averages_next_update
+        sync = optimizer.adapt_state.sync if is_distributed(optimizer) else None
+        self._averaging = sync if sync is not None and sync.averages_next_update else None
 
     def on_train_batch_end(self, batch, logs=None):
         if self._done:
             return
         self._done = True
         skip = _keys(self._sent)
-        if self._averaged:  # the first update averaged these itself
-            weights, slots = self._sync.synchronized_variables()
+        if self._averaging is not None:  # the first update averaged these itself
+            weights, slots = self._averaging.synchronized_variables()
             skip |= _keys(weights + slots)
         broadcast_variables([v for v in self._global_variables()
                              if not variable_key(v) & skip], self.root_rank)
