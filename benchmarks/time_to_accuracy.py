@@ -74,7 +74,9 @@ policy is faster; null when one of them never reached it);
 a busy machine; with the 2 x 128 MLP the step time barely depends on the
 batch, so the two agree; not on the wide task). X is ``small``, ``large``
 or ``best_fixed`` (the best fixed batch in hindsight, also given as
-``best_fixed``; ``fixed_sweep`` lists each batch at its best rate with its
+``best_fixed``: the fastest to the target of the fixed runs within 0.5 pt
+of the most accurate, the more accurate of one batch's rates that need the
+same updates; ``fixed_sweep`` lists each batch at its best rate with its
 step time in ms). The ``goodput_*`` fields give the same for the goodput
 policy. ``met`` is the DESIGN.md target: speedup_vs_small >= 1.5 with
 acc_delta_vs_small >= -0.5 and acc_delta_vs_large > 0; ``met_vs_best_fixed``
@@ -375,14 +377,35 @@ def best_fixed(res):
     """The fixed batch and learning rate a user would have tuned, chosen in
     hindsight: of the fixed runs that reached the target and ended within
     EQUAL_ACCURACY of the most accurate fixed run, the fastest to the
-    target; if none of those reached it, the most accurate fixed run."""
+    target; if none of those reached it, the most accurate fixed run.
+
+    Runs of one batch that reach the target in the same number of updates
+    differ in wall time only by the machine's noise: of those, only the
+    most accurate competes (a user tuning the rate would keep that one).
+
+    >>> row = lambda batch, lr, upd, wall, final: dict(
+    ...     batch=batch, lr=lr, updates_to_target=upd, wall_to_target=wall, final=final)
+    >>> res = {"settings": {}, "runs": {}, "sweep": [
+    ...     row(64, 0.03, 900, 2.0, 0.865), row(64, 0.04, 900, 1.9, 0.870),
+    ...     row(128, 0.08, 500, 1.5, 0.850)]}
+    >>> best_fixed(res)["lr"]  # 128 is 2 pt less accurate; of 64's tie, the more accurate
+    0.04
+    >>> res["sweep"][1]["wall_to_target"] = 2.1
+    >>> best_fixed(res)["lr"]  # wall noise within the tie does not flip the choice
+    0.04
+    """
     runs = fixed_runs(res)
     if not runs:
         return None
     top = max(runs, key=lambda r: r["final"])
     eligible = [r for r in runs if r["wall_to_target"] is not None
                 and r["final"] >= top["final"] - EQUAL_ACCURACY - 1e-12]
-    return min(eligible, key=lambda r: r["wall_to_target"], default=top)
+    tied = {}  # (batch, updates to the target) -> its most accurate run
+    for r in eligible:
+        key = (r["batch"], r["updates_to_target"])
+        if key not in tied or r["final"] > tied[key]["final"]:
+            tied[key] = r
+    return min(tied.values(), key=lambda r: r["wall_to_target"], default=top)
 
 
 def _speedup(runs, base, ours, key="wall_to_target"):

@@ -95,6 +95,42 @@ def test_time_to_accuracy_repeats_keep_the_median_run():
     assert repeated(2, policy_run)["same_decisions"] is True
 
 
+def test_time_to_accuracy_best_fixed_breaks_update_ties_by_accuracy():
+    """The best fixed batch in hindsight: the fastest of the runs within
+    0.5 pt of the most accurate; runs of one batch with the same updates to
+    the target tie (their wall times differ by noise only): the more
+    accurate one competes, whichever was faster in this run."""
+    bench = _benchmark("time_to_accuracy")
+
+    def row(batch, lr, updates, wall, final):
+        return {"batch": batch, "lr": lr, "updates_to_target": updates,
+                "wall_to_target": wall, "final": final}
+
+    small = row(32, 0.02, 2000, 6.0, 0.8703)
+    tie_fast, tie_accurate = row(64, 0.0336, 990, 3.0, 0.8653), row(64, 0.04, 990, 3.1, 0.8701)
+    res = {"settings": {"min_batch": 32, "max_batch": 2048},
+           "runs": {"small": small, "large": row(2048, 1.0, None, None, 0.80)},
+           "sweep": [tie_fast, tie_accurate, row(256, 0.16, 400, 1.2, 0.8640)]}
+    # 256 is 0.63 pt below the most accurate (small): not eligible
+    assert bench.best_fixed(res) is tie_accurate
+    tie_fast["wall_to_target"] = 2.0  # however much faster by the clock
+    assert bench.best_fixed(res) is tie_accurate
+    # fewer updates is not a tie: the faster run wins on wall time
+    tie_fast["updates_to_target"] = 900
+    assert bench.best_fixed(res) is tie_fast
+    tie_fast["wall_to_target"] = 3.5
+    assert bench.best_fixed(res) is tie_accurate
+    # none within 0.5 pt reached the target: the most accurate
+    for r in (small, tie_fast, tie_accurate):
+        r["wall_to_target"] = r["updates_to_target"] = None
+    assert (bench.best_fixed(res)["batch"], bench.best_fixed(res)["final"]) == (32, 0.8703)
+    import doctest
+    runner = doctest.DocTestRunner()
+    for test in doctest.DocTestFinder().find(bench.best_fixed, globs=vars(bench)):
+        runner.run(test)
+    assert runner.summarize(verbose=False) == (0, 5)  # the docstring's example passes
+
+
 @pytest.mark.primary_only
 def test_time_to_accuracy_repeats_every_run():
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
