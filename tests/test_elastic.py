@@ -28,14 +28,14 @@ ONE_HOST = "localhost:1\n"
 LR = 0.02
 
 
-def _job(tmp_path, rule, actions, commit=COMMIT, worker_args=(), launcher_args=()):
+def _job(tmp_path, rule, actions, commit=COMMIT, worker_args=(), launcher_args=(), min_np=1):
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()
     script, hosts = discovery_script(tmp_path, TWO_HOSTS)
     args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", rule,
             "--epochs", EPOCHS, "--steps", STEPS, "--commit", commit, "--lr", LR,
             "--actions", json.dumps(actions), *worker_args]
-    done = horovodrun_elastic("elastic_train.py", args, script, np=2, min_np=1, max_np=2,
+    done = horovodrun_elastic("elastic_train.py", args, script, np=2, min_np=min_np, max_np=2,
                               timeout=300, launcher_args=launcher_args)
     finals = [json.load(open(out / name)) for name in sorted(os.listdir(out))
               if name.startswith("final_")]
@@ -107,6 +107,7 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     assert event["before"]["lr"] == pytest.approx(LR) and event["after"]["lr"] == pytest.approx(LR)
     assert event["before"]["accumulation"] == event["after"]["accumulation"] == 1
     assert event["step"] == _first_step_with(final, 1)["iterations"]
+    assert event["after"]["synced"] is False  # a removal alone: nothing to broadcast
     # The stream was re-sharded once, at the step of the change, and handed
     # out exactly the 90 global batches (2880 rows), none twice.
     data = final["data"]
@@ -129,6 +130,45 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
         assert final["commit_interval"] == auto_interval(commit_s, step_s)
     print(f"commit interval {final['commit_interval']}, {final['commits']} commits")
     print(f"scale-down pause {event['after']['pause_s']:.3f} s")
+
+
+def test_below_min_np_the_job_waits_and_a_new_worker_is_synced(tmp_path, reference):
+    """``--min-np 2``: discovery removes 127.0.0.1, which leaves one worker,
+    below the minimum, so the job waits for hosts; then localhost gets a
+    second slot and a new worker starts there. The survivor left training
+    for a removal alone (Horovod's rule: skip the sync) and the newcomer
+    must be synced: with that rule the two ran different collectives and
+    the job hung (Horovod #3494). Here both sync and the job finishes."""
+    done, finals, events = _job(tmp_path, "keep", [
+        {"step": 10, "do": "hosts", "hosts": ONE_HOST, "then": "localhost:2\n"}], min_np=2)
+    assert done.leftover == 0
+    assert re.search(r"^Process \d exit with status code 134\.$", done.stdout, re.M), done.stdout
+    assert "127.0.0.1[0] has been removed from elastic job" in done.stderr
+    assert [f["workers"] for f in finals] == [2, 2]
+    survivor, newcomer = finals
+    assert (survivor["rank"], newcomer["rank"]) == (0, 1)
+    for final in finals:
+        _assert_finished(final)
+        _assert_weights(final, reference)
+    assert survivor["weights"] == newcomer["weights"]
+    assert survivor["optimizer"] == newcomer["optimizer"]
+    # The survivor never trained alone and ran every step once; the
+    # newcomer every step from the commit at which the survivor stopped.
+    assert _ids(survivor) == list(range(TOTAL))
+    assert {s["workers"] for s in survivor["steps"]} == {2}
+    joined = _ids(newcomer)
+    assert joined == list(range(joined[0], TOTAL)) and joined[0] > 10
+    # Both entered training again at the same committed position.
+    again, entry = survivor["syncs"][1], newcomer["syncs"][0]
+    assert len(survivor["syncs"]) == 2 and again["workers"] == entry["workers"] == 2
+    assert (again["epoch"], again["batch"]) == (entry["epoch"], entry["batch"])
+    assert entry["epoch"] * STEPS + entry["batch"] == joined[0]
+    (event,) = events
+    _resize(event, 2, 2)
+    assert event["reason"] == "workers 2 -> 2 (restarted)"
+    assert event["after"]["synced"] is True
+    assert event["step"] == next(s for s in survivor["steps"] if s["id"] == joined[0])["iterations"]
+    print(f"waited below --min-np and resumed: pause {event['after']['pause_s']:.3f} s")
 
 
 def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
@@ -482,8 +522,10 @@ def test_commits_wait_for_the_end_of_an_accumulated_update():
 
 def test_host_updates_are_agreed_and_interrupt_once():
     # What the driver's notifications make a commit do (here one rank; the
-    # elastic jobs above run the agreement on two): a removal interrupts and
-    # skips the sync, an addition (or both) syncs, a stale one is ignored.
+    # elastic jobs above run the agreement on two): any change interrupts
+    # and every rank enters the sync (Horovod #3494); the sync broadcasts
+    # after an addition (or both) and not after a removal alone; a stale
+    # announcement is ignored.
     from horovod.common.exceptions import HostsUpdatedInterrupt
     from horovod.runner.elastic.worker import HostUpdateResult
 
@@ -492,23 +534,38 @@ def test_host_updates_are_agreed_and_interrupt_once():
     state = elastic.KerasState(_model())
     state.check_host_updates()  # nothing announced
     now = time.time()
-    for i, (update, skip_sync) in enumerate(((HostUpdateResult.removed, True),
-                                             (HostUpdateResult.added, False),
-                                             (HostUpdateResult.mixed, False))):
+
+    def resumed():
+        # What elastic.run does after the interrupt (one rank: no re-form),
+        # then the first step's resize event.
+        state.reset()
+        state.sync()
+        return state.step_finished()["after"]["synced"]
+
+    for i, (update, synced) in enumerate(((HostUpdateResult.removed, False),
+                                          (HostUpdateResult.added, True),
+                                          (HostUpdateResult.mixed, True))):
         stamp = now + i
         state.on_hosts_updated(stamp, update)
         with pytest.raises(HostsUpdatedInterrupt) as raised:
             state.commit()
-        assert raised.value.skip_sync is skip_sync
+        assert raised.value.skip_sync is False
+        assert resumed() is synced
         state.check_host_updates()  # agreed once, not again
         state.on_hosts_updated(stamp - 0.5, HostUpdateResult.removed)  # older than the last
         state.check_host_updates()
     # A removal then an addition before the same commit: both, so a sync.
     state.on_hosts_updated(now + 3, HostUpdateResult.removed)
     state.on_hosts_updated(now + 4, HostUpdateResult.added)
-    with pytest.raises(HostsUpdatedInterrupt) as raised:
+    with pytest.raises(HostsUpdatedInterrupt):
         state.check_host_updates()
-    assert raised.value.skip_sync is False
+    assert resumed() is True
+    # A removal is remembered for the next sync only.
+    state.on_hosts_updated(now + 5, HostUpdateResult.removed)
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()
+    assert resumed() is False
+    assert resumed() is True
 
 
 def test_bad_input_is_refused_with_the_fix():

@@ -134,6 +134,9 @@ class KerasState(ObjectState):
         self.batch_size = None
         self._last_step_end = None
         self._pending = None
+        # This process left training only because hosts were removed, at the
+        # same commit as every other survivor: it holds the job's state.
+        self._holds_committed_state = False
         self.adapt = {}
         self.policy_states = []
         self.sync_choice = None
@@ -300,8 +303,14 @@ class KerasState(ObjectState):
         Horovod's version broadcasts rank 0's view as a pickled object (two
         broadcasts); this agrees with one host allreduce (max) of three
         numbers: the newest announcement's time, and whether any rank heard
-        of a removal or an addition. The interrupt skips the sync only when
-        hosts were only removed, as Horovod's does.
+        of a removal or an addition.
+
+        Horovod's interrupt skips the next sync when hosts were only
+        removed. That deadlocks when the job fell below ``--min-np`` and a
+        new worker joins in the same re-form (Horovod #3494): the new worker
+        syncs, the survivors do not. Here every rank always enters
+        :meth:`sync`, which agrees there whether anyone needs the state: a
+        removal alone still costs no broadcast.
         """
         newest, removed, added = self._last_updated_timestamp, 0.0, 0.0
         while not self._host_messages.empty():
@@ -314,7 +323,8 @@ class KerasState(ObjectState):
             [self._last_updated_timestamp, newest, removed, added], "keras_adapt_host_updates")
         self._last_updated_timestamp = newest
         if newest > prev:
-            raise HostsUpdatedInterrupt(bool(removed) and not bool(added))
+            self._holds_committed_state = bool(removed) and not bool(added)
+            raise HostsUpdatedInterrupt(False)
 
     def save(self):
         """Copies everything into host memory (called by ``commit``)."""
@@ -334,7 +344,19 @@ class KerasState(ObjectState):
         state, the data position and the policies' by one object broadcast,
         then the weights and the optimizer's variables by tensor broadcasts.
         The synchronisation strategy then rejoins: its next update restarts
-        its own models (BMUF's, EASGD's) from the synced model."""
+        its own models (BMUF's, EASGD's) from the synced model.
+
+        First the ranks agree (one host allreduce) whether any of them needs
+        the state: when every rank is a survivor of a removal (it left at
+        the same commit as the others), nothing is broadcast, as Horovod
+        skips the sync then; a worker that has just joined makes all of them
+        sync, however many hosts were also removed."""
+        holds, self._holds_committed_state = self._holds_committed_state, False
+        (needed,) = _hvd.host_allreduce_max([0.0 if holds else 1.0], "keras_adapt_sync_needed")
+        if self._pending is not None:  # after a reset: the resize event says which
+            self._pending["synced"] = bool(needed)
+        if not needed:
+            return
         mine = _signature(self._tensors())
         # Broadcast the state as it is now, not as last committed: a reset
         # has just applied the resize rule (the learning-rate factor).
@@ -387,8 +409,9 @@ class KerasState(ObjectState):
         last step before the change to the end of this one: the training
         time the change cost, the new trace included) in two parts,
         ``reform_s`` (leaving ``fit`` and re-forming the Horovod job) and
-        ``resume_s`` (the sync, the new trace and the step), and what was
-        rescaled. Returns that event, else None.
+        ``resume_s`` (the sync, the new trace and the step), ``synced``
+        (whether the state was broadcast: not after a removal alone), and
+        what was rescaled. Returns that event, else None.
         """
         now = time.time()
         pending, self._pending = self._pending, None
@@ -405,7 +428,8 @@ class KerasState(ObjectState):
             before={"workers": before, **self.rescaled["before"]},
             after={"workers": after, "pause_s": round(pause, 6),
                    "reform_s": round(pending["reset_at"] - since, 6),
-                   "resume_s": round(now - pending["reset_at"], 6), **self.rescaled["after"]},
+                   "resume_s": round(now - pending["reset_at"], 6),
+                   "synced": pending.get("synced", False), **self.rescaled["after"]},
             log_dir=self.log_dir)
         self.resizes.append(event)
         return event

@@ -14,6 +14,9 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       (``"await_join": true``: a scale-up; rank 0 then holds its steps until
       the driver has announced the added host, so the job grows while steps
       remain however long the discovery takes on a loaded machine)
+      (``"then": "localhost:2\\n"``: once this rank has left training for
+      the change, rank 0 writes that too: with ``--min-np`` above the hosts
+      left, the job waits for it, and its new worker joins the survivors)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
   {"step": i, "do": "term", "rank": r}       rank r sends itself SIGTERM after step i
       (a preempted machine: it leaves gracefully, LeaveOnSignalCallback);
@@ -63,6 +66,7 @@ from keras_adapt.callbacks import GradientStatsMonitor, PreemptionCheckpoint
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.policies import ResizePolicy
 from keras_adapt.sync import LocalSGD
+from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
 parser = argparse.ArgumentParser()
@@ -160,6 +164,23 @@ class HostsHeard:
         self._listener(timestamp, update_res)
 
 
+def write_hosts(text):
+    tmp = args.hosts + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, args.hosts)  # the discovery script never sees half a file
+
+
+INTERRUPTED = threading.Event()  # this process left training for a change of hosts
+
+
+def write_hosts_when_interrupted(text):
+    """Rewrites the hosts once this process has left training for the last
+    change (so that change was announced alone), while it waits to re-form."""
+    if INTERRUPTED.wait(JOIN_WAIT_S):
+        write_hosts(text)
+
+
 class Recorder(keras.callbacks.Callback):
     """After the elastic callbacks: logs every executed step (its global id),
     sleeps a little (so membership changes land mid-training) and runs the actions."""
@@ -188,10 +209,11 @@ class Recorder(keras.callbacks.Callback):
             if action["do"] == "hosts" and keras_adapt.rank() == 0:
                 open(marker, "w").close()
                 self.awaiting_join = bool(action.get("await_join"))
-                tmp = args.hosts + ".tmp"
-                with open(tmp, "w") as f:
-                    f.write(action["hosts"])
-                os.replace(tmp, args.hosts)   # the discovery script never sees half a file
+                write_hosts(action["hosts"])
+                if "then" in action:
+                    INTERRUPTED.clear()
+                    threading.Thread(target=write_hosts_when_interrupted,
+                                     args=(action["then"],), daemon=True).start()
             elif action["do"] == "kill" and keras_adapt.rank() == action["rank"]:
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -240,6 +262,18 @@ if args.adaptive_data:
     GlobalBatchSize(model, dataset=dataset,
                                           max_micro_batch_size=args.global_batch)
 state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir, dataset=dataset)
+_check_host_updates = state.check_host_updates
+
+
+def noted_check_host_updates():
+    try:
+        _check_host_updates()
+    except HostsUpdatedInterrupt:
+        INTERRUPTED.set()
+        raise
+
+
+state.check_host_updates = noted_check_host_updates
 recorder = Recorder(state, HostsHeard(state))
 commit = elastic.CommitStateCallback(
     state, batches_per_commit=args.commit if args.commit == "auto" else int(args.commit))
