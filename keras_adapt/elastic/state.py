@@ -398,7 +398,7 @@ class KerasState(ObjectState):
         self.rescaled = self.rule.apply(self.model, before, after, self.dataset)
         self.batch_size = self._batch_size()
         self._pending = {"before": before, "after": after, "since": self._last_step_end,
-                         "reset_at": time.time()}
+                         "reset_at": time.time(), "synced": False}
 
     # -- the resize event ------------------------------------------------------
     def step_finished(self):
@@ -429,7 +429,7 @@ class KerasState(ObjectState):
             after={"workers": after, "pause_s": round(pause, 6),
                    "reform_s": round(pending["reset_at"] - since, 6),
                    "resume_s": round(now - pending["reset_at"], 6),
-                   "synced": pending.get("synced", False), **self.rescaled["after"]},
+                   "synced": pending["synced"], **self.rescaled["after"]},
             log_dir=self.log_dir)
         self.resizes.append(event)
         return event
