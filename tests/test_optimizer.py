@@ -371,7 +371,8 @@ def test_legacy_keras2_optimizer_is_supported():
     assert opt.gradient_statistics.result()["updates"] == 15
 
 
-@pytest.mark.parametrize("bad", [object(), 3, None, keras.layers.Dense(1)], ids=repr)
+@pytest.mark.parametrize("bad", [object(), 3, None, keras.layers.Dense(1)],
+                         ids=lambda bad: type(bad).__name__)  # the same on every xdist worker
 def test_non_optimizer_is_a_type_error_naming_the_argument(bad):
     with pytest.raises(TypeError, match="optimizer must be a Keras optimizer"):
         keras_adapt.DistributedOptimizer(bad)
