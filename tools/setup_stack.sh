@@ -20,7 +20,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 HOROVOD_VERSION=0.28.1
 patches=$(cd "$(dirname "$0")/horovod-patches" && pwd)
 
-log() { printf '\n[setup %s] %s\n' "$venv" "$*"; }
+log() { printf '\n[setup %s %s] %s\n' "$venv" "$(date +%T)" "$*"; }
 
 if [ ! -x "$venv/bin/python" ]; then
   log "creating virtual environment"
