@@ -58,18 +58,32 @@ def horovod_source_file(relative, what):
     return path
 
 
-def controllers(every_stack=False):
-    """Horovod controllers to test with: Gloo always, and MPI when Horovod has
-    it -- on the primary stack always, on the legacy stack (tf.keras 2) only
-    where a test asks (``every_stack=True``). The controller only negotiates
-    which tensors are ready; every distributed feature runs the same code of
-    ours under both, so the legacy suite runs one MPI job (the basic
-    distributed checks: start-up, every collective, training) and keeps its
-    time for what differs there, the Keras 2 bindings."""
+#: ``KERAS_ADAPT_TEST_MPI=all`` runs every 2-worker job under MPI too (see
+#: :func:`controllers`): for a change to how jobs are launched or negotiated.
+TEST_MPI_ENV = "KERAS_ADAPT_TEST_MPI"
+
+
+def controllers(mpi="opt_in"):
+    """Horovod controllers to run a 2-worker job under: Gloo always, and MPI
+    (when Horovod has it and mpirun exists) where ``mpi`` says:
+
+    - ``"every_stack"``: on both stacks (the basic distributed checks:
+      start-up, every collective, training);
+    - ``"primary"``: on the primary stack (jobs whose launch differs under
+      mpirun: signals forwarded by it, workers started over ssh);
+    - ``"opt_in"`` (the rest): only with ``KERAS_ADAPT_TEST_MPI=all``.
+
+    The controller only negotiates which tensors are ready; every other
+    distributed feature runs the same code of ours under both, so ``make
+    test`` keeps its time for what differs."""
     from keras_adapt import _keras
 
+    if mpi not in ("every_stack", "primary", "opt_in"):
+        raise ValueError(f"mpi={mpi!r}; use 'every_stack', 'primary' or 'opt_in'")
+    wanted = (mpi == "every_stack" or (mpi == "primary" and _keras.IS_KERAS3)
+              or os.environ.get(TEST_MPI_ENV) == "all")
     out = ["gloo"]
-    if not (every_stack or _keras.IS_KERAS3):
+    if not wanted:
         return out
     try:
         import horovod.tensorflow as hvd

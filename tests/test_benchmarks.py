@@ -317,6 +317,9 @@ def test_sync_strategies_quick():
     assert line["met"] == bool(line["met_acc"] and line["met_speedup"])
 
 
+# Its numbers are measured on the primary stack; on tf.keras 2,
+# tests/test_preemption.py runs the code it measures.
+@pytest.mark.primary_only
 def test_preemption_quick():
     """SIGTERM to one of two workers: checkpoint on disk, no step lost, the
     exit code reported; the printed numbers agree with each other."""
@@ -342,6 +345,9 @@ def test_preemption_quick():
         line["check_ms"] / line["check_interval"] / line["step_ms"], abs=1e-3)
 
 
+# Its numbers are measured on the primary stack; on tf.keras 2,
+# tests/test_worker_timing.py and tests/test_rebalance.py run the code it measures.
+@pytest.mark.primary_only
 def test_straggler_quick():
     # The smoke mode runs every configuration once on two real workers; what
     # is checked is that the line reports what was measured (the speed-up

@@ -12,6 +12,10 @@ import pytest
 from conftest import horovodrun_elastic
 from keras_adapt import discover
 
+# The discovery command and Horovod's driver do not depend on the stack; on
+# tf.keras 2, tests/test_elastic.py runs the worker side (KerasState).
+pytestmark = pytest.mark.primary_only
+
 
 def _elastic_run(tmp_path, start, worker_args, hosts="localhost:2\n", extra_env=None):
     """One elastic job of tests/workers/elastic_target_checks.py whose

@@ -132,6 +132,9 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     print(f"scale-down pause {event['after']['pause_s']:.3f} s")
 
 
+# Whether to sync is agreed in KerasState.sync() by code that does not depend on
+# the stack; on tf.keras 2, the scale-up tests below run the sync itself.
+@pytest.mark.primary_only
 def test_below_min_np_the_job_waits_and_a_new_worker_is_synced(tmp_path, reference):
     """``--min-np 2``: discovery removes 127.0.0.1, which leaves one worker,
     below the minimum, so the job waits for hosts; then localhost gets a
@@ -1099,6 +1102,9 @@ def _checkpoint_job(tmp_path, name, rule, epochs, np):
                   key=lambda r: r["rank"])
 
 
+# The resize rule on resume is stack-neutral; on tf.keras 2, the resume of one
+# worker's checkpoint by two (below) runs the checkpoint code.
+@pytest.mark.primary_only
 def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_rule(
         tmp_path, elastic_reference):
     """Two workers ("scale", rates given for two) write a checkpoint every 25

@@ -163,6 +163,7 @@ def test_two_batches_and_their_repeats_price_the_next_doubling():
     assert _attached(ThroughputModel(), confidence=6.0).choose(64, gns=1e6).batch == 128
 
 
+@pytest.mark.primary_only  # numpy only, 100 fits
 def test_two_batches_of_noise_are_not_taken_for_a_model():
     # 10% noise around a flat 8 ms at 32 and 64 (10 intervals each, their
     # medians as the policy's model takes them): the repeats find no slope
@@ -181,6 +182,7 @@ def test_two_batches_of_noise_are_not_taken_for_a_model():
     assert usable <= 1
 
 
+@pytest.mark.primary_only  # numpy only, 100 fits
 def test_decisions_do_not_flip_on_timing_noise():
     # 100 machines' worth of noisy timings (10% per observation) around a
     # flat step time: every one decides alike, whether its fit came out

@@ -295,7 +295,7 @@ def _wait_for_step(out, rank, step, proc, timeout=300):
     pytest.fail(f"rank {rank} did not reach step {step} in {timeout}s")
 
 
-@pytest.fixture(scope="module", params=controllers())
+@pytest.fixture(scope="module", params=controllers(mpi="primary"))
 def runs(request, tmp_path_factory):
     controller = request.param
     base = tmp_path_factory.mktemp(f"preempt_{controller}")
