@@ -29,7 +29,11 @@ HOROVOD_PATCHES := $(wildcard tools/horovod-patches/*.patch)
 
 .PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy test-install bench clean FORCE
 
-setup: setup-primary setup-legacy
+# The two stacks are built side by side: one's downloads and single-threaded
+# installs overlap the other's compilation (tools/setup_stack.sh takes turns
+# for the Debian packages and the op library).
+setup:
+	$(MAKE) -j2 setup-primary setup-legacy
 
 setup-primary: $(VENV)/.ready
 setup-legacy: $(VENV2)/.ready

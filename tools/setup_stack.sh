@@ -43,6 +43,11 @@ if [ "$(cat "$req_stamp" 2>/dev/null)" != "$req_sum" ]; then
   echo "$req_sum" > "$req_stamp"
 fi
 
+# The Debian packages below are installed by one stack at a time: make setup
+# builds the two stacks side by side, and dpkg takes one install at a time.
+exec 9>"${TMPDIR:-/tmp}/keras-adapt-setup-debian.lock"
+flock 9
+
 # OpenMPI gives Horovod its MPI controller in addition to Gloo. Installed from
 # Debian when we are root and it is missing; otherwise Gloo only.
 if ! command -v mpicc >/dev/null 2>&1; then
@@ -81,6 +86,7 @@ if [ ! -x /usr/sbin/sshd ]; then
     log "/usr/sbin/sshd not found and not root: tests/test_emulated_hosts.py will skip"
   fi
 fi
+flock -u 9
 
 tf_version=$("$py" -c "import tensorflow as tf; print(tf.__version__)")
 hvd_stamp="$venv/.horovod-build"
@@ -153,6 +159,9 @@ if [ -n "$rebuild" ]; then
   "$venv/bin/horovodrun" --check-build
 fi
 
+# Both stacks compile csrc/ in this checkout: one at a time.
+exec 8>"${TMPDIR:-/tmp}/keras-adapt-setup-ops.lock"
+flock 8
 log "installing keras-adapt (editable; compiles csrc/)"
 "$py" -m pip install -q --no-build-isolation --no-deps -e .
 "$py" -c "import keras_adapt.ops as o; print('[setup] op implementation:', o.implementation())"
