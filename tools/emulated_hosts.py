@@ -47,6 +47,8 @@ import time
 BRIDGE = "kanet0"
 SUBNET = "10.213.0"
 PREFIX = "ka-"
+#: The name of a host's veth end between its creation and its move into the host.
+VETH_TMP = "kaveth-tmp"
 SCRATCH = "/tmp/keras-adapt-hosts"
 LOCK = "/tmp/keras-adapt-hosts.lock"
 HOSTS_MARK = "# keras-adapt emulated host"
@@ -119,11 +121,11 @@ class EmulatedHosts:
         for name, address in zip(self.names, self.addresses):
             ns, outer = PREFIX + name, f"{PREFIX}{name}-br"
             _run("ip", "netns", "add", ns)
-            _run("ip", "link", "add", outer, "type", "veth", "peer", "name", "kaveth-tmp")
-            _run("ip", "link", "set", "kaveth-tmp", "netns", ns)
+            _run("ip", "link", "add", outer, "type", "veth", "peer", "name", VETH_TMP)
+            _run("ip", "link", "set", VETH_TMP, "netns", ns)
             _run("ip", "link", "set", outer, "master", BRIDGE)
             _run("ip", "link", "set", outer, "up")
-            _run("ip", "-n", ns, "link", "set", "kaveth-tmp", "name", BRIDGE)
+            _run("ip", "-n", ns, "link", "set", VETH_TMP, "name", BRIDGE)
             _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", BRIDGE)
             _run("ip", "-n", ns, "link", "set", BRIDGE, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
@@ -173,6 +175,14 @@ def down():
                 with contextlib.suppress(OSError):
                     os.kill(int(pid), signal.SIGKILL)
             _run("ip", "netns", "del", ns, check=False)
+    # A deleted namespace lives on while a process killed in it has not yet
+    # exited, and its veth pair with it; an interrupted up() leaves pairs in
+    # this namespace. Deleting our end removes the pair at once, so an up()
+    # right after finds the names free.
+    for link in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = link.split(":")[1].strip().split("@")[0] if ":" in link else ""
+        if (name.startswith(PREFIX) and name.endswith("-br")) or name == VETH_TMP:
+            _run("ip", "link", "del", name, check=False)
     _run("ip", "link", "del", BRIDGE, check=False)
     for path in ("/etc/hosts", SSH_CONFIG):
         with contextlib.suppress(FileNotFoundError):

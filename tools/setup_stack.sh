@@ -81,9 +81,9 @@ if [ ! -x /usr/sbin/sshd ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     log "installing openssh-server from Debian (multi-host tests on emulated hosts)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; } \
-      || log "openssh-server could not be installed; tests/test_emulated_hosts.py will skip"
+      || log "openssh-server could not be installed; the emulated-hosts tests will skip"
   else
-    log "/usr/sbin/sshd not found and not root: tests/test_emulated_hosts.py will skip"
+    log "/usr/sbin/sshd not found and not root: the emulated-hosts tests will skip"
   fi
 fi
 flock -u 9
