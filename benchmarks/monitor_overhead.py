@@ -18,7 +18,12 @@ processes, interleaved in rounds of alternating order:
 * ``on_skip``: as ``on`` with ``skip_nonfinite=True`` (a pass over the local
   gradient and a guarded update on every update), for reference;
 * ``on_every``: with gradient statistics on every update (``stats_interval=1``);
-* ``on_twin``: as ``on_every`` with the pure-TF twin of the op.
+* ``on_twin``: as ``on_every`` with the pure-TF twin of the op;
+* ``baseline_again``: a second ``baseline``, built last. The graph is the
+  baseline's, so its ratio to ``baseline`` (``ratio_aa``, an A/A
+  comparison) is what this run cannot resolve: the build order, where the
+  models sit in memory, the machine. A ratio within ``ratio_aa``'s distance
+  of 1 is not a measured cost.
 
 Three clocks per step: wall time; this process's CPU time
 (``time.process_time``, all threads); and the CPU time of its compute threads
@@ -41,7 +46,8 @@ Prints a table and one JSON line:
 "ratio_on": ..., "ratio_on_skip": ..., "ratio_on_every": ..., ...}`` where ``ratio_*`` are
 compute-thread CPU-time ratios, ``cpu_ratio_*`` process CPU-time ratios and
 ``wall_ratio_*`` wall-time ones (ours / baseline, averaged over the two models
-within a round); op_vs_twin = on_every / on_twin (compute CPU).
+within a round); ``ratio_aa`` = baseline_again / baseline, the run's A/A resolution;
+op_vs_twin = on_every / on_twin (compute CPU).
 """
 
 import json
@@ -53,7 +59,7 @@ from _workers import parser as worker_parser
 from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
 MODELS = ("mlp", "cnn")
-CONFIGS = ("baseline", "off", "on", "on_skip", "on_every", "on_twin")
+CONFIGS = ("baseline", "off", "on", "on_skip", "on_every", "on_twin", "baseline_again")
 CLOCKS = ("compute", "cpu", "wall")
 
 
@@ -85,18 +91,18 @@ def report(result):
           f"default stats_interval={result['stats_interval']}, {n_rounds} rounds x "
           f"{result['steps']} steps; load average before/after: {result['load']}; "
           f"{result['horovod_threads']} Horovod threads left out of 'compute'")
-    print(f"{'clock':7s} {'model':6s} " + " ".join(f"{c:>10s}" for c in CONFIGS)
+    print(f"{'clock':7s} {'model':6s} " + " ".join(f"{c:>{max(10, len(c))}s}" for c in CONFIGS)
           + "   off/base    on/base    skip/b  every/base")
     for clock in CLOCKS:
         for m in MODELS:
             row = med[clock][m]
-            print(f"{clock:7s} {m:6s} " + " ".join(f"{row[c]:8.2f}ms" for c in CONFIGS)
+            print(f"{clock:7s} {m:6s} " + " ".join(f"{row[c]:{max(8, len(c) - 2)}.2f}ms" for c in CONFIGS)
                   + f"   {row['off'] / row['baseline']:8.3f}   {row['on'] / row['baseline']:8.3f}"
                   f"   {row['on_skip'] / row['baseline']:8.3f}   {row['on_every'] / row['baseline']:8.3f}")
     print("per-round ratios to baseline (mean of the two models), median [min, max]:")
     for clock in CLOCKS:
         for c in CONFIGS[1:]:
-            print(f"  {clock:7s} {c:9s} {ratio(clock, c, 'baseline'):.4f} {spread(clock, c, 'baseline')}")
+            print(f"  {clock:7s} {c:14s} {ratio(clock, c, 'baseline'):.4f} {spread(clock, c, 'baseline')}")
     k = result["kernel"]
     print(f"squared norms of {k['params'] / 1e6:.1f}M params in {k['tensors']} tensors: "
           f"op {k['op_ms']:.2f} ms, twin {k['twin_ms']:.2f} ms")
@@ -107,6 +113,8 @@ def report(result):
         for c in ("off", "on", "on_skip", "on_every"):
             line[f"{prefix}ratio_{c}"] = ratio(clock, c, "baseline")
             line[f"{prefix}spread_{c}"] = spread(clock, c, "baseline")
+        line[f"{prefix}ratio_aa"] = ratio(clock, "baseline_again", "baseline")
+        line[f"{prefix}spread_aa"] = spread(clock, "baseline_again", "baseline")
     line["op_vs_twin"] = ratio("compute", "on_every", "on_twin")
     line["op_vs_twin_kernel"] = round(k["op_ms"] / k["twin_ms"], 4)
     line["per_model_ms"] = {c: {m: {k2: round(v, 4) for k2, v in med[c][m].items()} for m in MODELS}
@@ -196,7 +204,7 @@ def worker(args):
     for kind in MODELS:
         for config in CONFIGS:
             model, shape, batch = build(kind)
-            if config == "baseline":
+            if config.startswith("baseline"):
                 opt = baseline_optimizer()
             else:
                 interval = DEFAULT_STATS_INTERVAL if config in ("on", "on_skip") else 1
