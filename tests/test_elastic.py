@@ -624,6 +624,7 @@ def test_an_interrupted_function_is_released_beside_the_reset_and_errors_keep_th
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
     from keras_adapt import elastic
+
     monkeypatch.setattr(sys.modules["keras_adapt.elastic.run"], "_reset", lambda: None)
     freed_in, iterators, calls = [], [], []
 
