@@ -108,6 +108,29 @@ def test_updates_inside_a_tf_function():
     assert r["grad_sqr"] == pytest.approx(3.0) and r["grad_var"] == pytest.approx(4.0)
 
 
+def test_the_raw_averages_hold_each_entry_and_assign_by_name():
+    beta, b = 0.5, 4
+    stats = GradientStatistics(ema_decay=beta, batch_size=b, interval=3)
+    _feed(stats, [(5.0, 4.0), (9.0, 5.0)], 2)
+    stats.update(tf.constant(math.nan), tf.constant(1.0), 2)
+    g = [(2 * 4.0 - 5.0), (2 * 5.0 - 9.0)]            # |G|^2 of each update
+    s = [b * 2 * (5.0 - 4.0), b * 2 * (9.0 - 5.0)]    # tr(Sigma) of each
+    w = beta ** 3                                     # one measurement stands for 3 updates
+    raw = stats.read_averages()
+    assert raw["ema_grad_sqr"] == pytest.approx((w * (1 - w) * g[0] + (1 - w) * g[1]))
+    assert raw["ema_grad_var"] == pytest.approx((w * (1 - w) * s[0] + (1 - w) * s[1]))
+    assert raw["ema_weight"] == pytest.approx(1 - w ** 2)
+    assert raw["ema_global_batch"] == pytest.approx((1 - w ** 2) * 2 * b)
+    assert (raw["global_batch"], raw["updates"], raw["covered_updates"], raw["nonfinite"]) == (
+        8.0, 2.0, 6.0, 1.0)
+
+    stats.assign_averages(ema_grad_var=raw["ema_grad_var"] * 2)
+    again = stats.read_averages()
+    assert again == {**raw, "ema_grad_var": raw["ema_grad_var"] * 2}
+    with pytest.raises(ValueError, match=r"unknown entries \['ema_grad_sq'\]; the entries are"):
+        stats.assign_averages(ema_grad_sq=1.0)
+
+
 def test_reset_forgets_everything():
     stats = GradientStatistics(batch_size=2)
     _feed(stats, [(5.0, 4.0)], 2)

@@ -31,11 +31,9 @@ def _script_gns(model, gns, updates=1000, stats_interval=1):
     after ``updates`` measurements, one every ``stats_interval`` updates."""
     stats = model.optimizer.gradient_statistics
     correction = 1.0 - stats.ema_decay ** (updates * stats_interval)
-    stats.updates.assign(updates)
-    stats.covered_updates.assign(updates * stats_interval)
-    stats.ema_weight.assign(correction)
-    stats.ema_grad_sqr.assign(1.0 * correction)
-    stats.ema_grad_var.assign(gns * correction)
+    stats.assign_averages(updates=updates, covered_updates=updates * stats_interval,
+                          ema_weight=correction, ema_grad_sqr=1.0 * correction,
+                          ema_grad_var=gns * correction)
 
 
 def _drive(policy, model, script):

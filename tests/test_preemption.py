@@ -211,6 +211,17 @@ def test_bad_arguments_and_inputs_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="initial_micro_batch_size=8"):
         PreemptionCheckpoint(tmp_path / "a", exit_code=None).fit(_model(), x, y, batch_size=16,
                                                                  epochs=1, verbose=0)
+    # A checkpoint without part of this run's state (written without gradient
+    # statistics, or by a keras-adapt with another layout of them) is refused by name.
+    other = _model()
+    other.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                   gradient_stats=False), "mse")
+    PreemptionCheckpoint(tmp_path / "b", exit_code=None, check_interval=1).fit(
+        other, x, y, batch_size=8, epochs=1, verbose=0, callbacks=[_SignalAt(3)])
+    with pytest.raises(ValueError, match=r"ckpt-3 does not hold all of this run's state.*"
+                                         r"gradient_stats"):
+        PreemptionCheckpoint(tmp_path / "b", exit_code=None).fit(_model(), x, y, batch_size=8,
+                                                                 epochs=1, verbose=0)
 
 
 _DEADLINE_SCRIPT = """

@@ -331,7 +331,16 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         # The choice first (its variables are then overwritten by the saved ones).
         optimizer.adapt_state.sync.set_state(meta["sync"])
         build_slots(optimizer, model.trainable_variables)
-        self._checkpoint.restore(path).assert_existing_objects_matched()
+        try:
+            self._checkpoint.restore(path).assert_existing_objects_matched()
+        except AssertionError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(
+                f"checkpoint {path} does not hold all of this run's state ({first}): resume "
+                "with the model, the DistributedOptimizer settings (gradient_stats, "
+                "backward_passes_per_step, sync_strategy) and the keras-adapt version that "
+                f"wrote it, or start afresh with another directory than {self.directory}"
+            ) from exc
         acc = optimizer.adapt_state.accumulation
         if acc is not None:
             acc.steps_value = int(acc.steps.numpy())

@@ -42,6 +42,14 @@ import tensorflow as tf
 
 _F64 = tf.float64
 
+#: The entries of ``GradientStatistics.averages``, in order: the moving
+#: averages of |G|^2, tr(Sigma) and the global batch, their bias correction
+#: (the average of 1 kept the same way), the global batch of the last used
+#: measurement, the measurements used, the updates they stand for, and the
+#: non-finite measurements skipped. The counts are exact in float64 up to 2^53.
+AVERAGES = ("ema_grad_sqr", "ema_grad_var", "ema_global_batch", "ema_weight", "global_batch",
+            "updates", "covered_updates", "nonfinite")
+
 
 def unbiased_estimates(local_sqr, total_sqr, inv_batch, total_inv_batch):
     """Unbiased ``(|G|^2, tr(Sigma))`` from one update's two squared norms.
@@ -122,15 +130,11 @@ class GradientStatistics(tf.Module):
 
             self.batch_size = var(batch_size or 0, tf.int64, "batch_size")
             self.interval = var(interval, tf.int64, "interval")
-            self.ema_grad_sqr = var(0.0, _F64, "ema_grad_sqr")
-            self.ema_grad_var = var(0.0, _F64, "ema_grad_var")
-            self.ema_global_batch = var(0.0, _F64, "ema_global_batch")
-            self.ema_weight = var(0.0, _F64, "ema_weight")
-            self.updates = var(0, tf.int64, "updates")
-            self.covered_updates = var(0, tf.int64, "covered_updates")
-            self.nonfinite = var(0, tf.int64, "nonfinite")
-            self.global_batch = var(0.0, _F64, "global_batch")
-        self._read_all = None
+            # One variable for everything a measurement updates: the update
+            # reads and writes it once, and the optimizer's branch that
+            # measures captures one variable instead of eight (each captured
+            # variable costs every update, measured or not).
+            self.averages = var(tf.zeros([len(AVERAGES)], _F64), _F64, "averages")
 
     @staticmethod
     def check_arguments(ema_decay, batch_size, interval=1):
@@ -255,21 +259,62 @@ class GradientStatistics(tf.Module):
         interval = tf.cast(self.interval, _F64)
         beta = tf.pow(tf.constant(self.ema_decay, _F64), interval)
 
-        # Branch-free: no tf.cond (and its branch functions) for a handful of
-        # scalars. tf.where keeps the old value when the measurement is
-        # unusable, so a NaN never enters an average.
-        def keep_or(var, new):
-            var.assign(tf.where(usable, new, var.read_value()))
+        # Branch-free, one read and one write of ``averages``: tf.where keeps
+        # the old value when the measurement is unusable, so a NaN never
+        # enters an average.
+        old = dict(zip(AVERAGES, tf.unstack(self.averages.read_value())))
 
-        keep_or(self.ema_grad_sqr, beta * self.ema_grad_sqr + (1.0 - beta) * grad_sqr)
-        keep_or(self.ema_grad_var, beta * self.ema_grad_var + (1.0 - beta) * grad_var)
-        keep_or(self.ema_global_batch, beta * self.ema_global_batch + (1.0 - beta) * global_batch)
-        keep_or(self.global_batch, global_batch)
-        keep_or(self.ema_weight, beta * self.ema_weight + (1.0 - beta))
-        self.updates.assign_add(tf.cast(usable, tf.int64))
-        self.covered_updates.assign_add(tf.where(usable, self.interval, tf.zeros_like(self.interval)))
-        self.nonfinite.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        def average(name, value):
+            return tf.where(usable, beta * old[name] + (1.0 - beta) * value, old[name])
+
+        new = {
+            "ema_grad_sqr": average("ema_grad_sqr", grad_sqr),
+            "ema_grad_var": average("ema_grad_var", grad_var),
+            "ema_global_batch": average("ema_global_batch", global_batch),
+            "ema_weight": average("ema_weight", tf.constant(1.0, _F64)),
+            "global_batch": tf.where(usable, global_batch, old["global_batch"]),
+            "updates": old["updates"] + tf.cast(usable, _F64),
+            "covered_updates": old["covered_updates"] + tf.where(usable, interval, 0.0),
+            "nonfinite": old["nonfinite"] + tf.cast(tf.logical_not(finite), _F64),
+        }
+        self.averages.assign(tf.stack([new[name] for name in AVERAGES]))
         return usable
+
+    def read_averages(self):
+        """The entries of :attr:`averages` as a dict of python floats (host,
+        one small device-to-host copy): the raw state behind :meth:`result`.
+
+        Example:
+
+        >>> from keras_adapt.monitors import GradientStatistics
+        >>> from keras_adapt.monitors.gradient_stats import AVERAGES
+        >>> stats = GradientStatistics(batch_size=8)
+        >>> values = stats.read_averages()
+        >>> values["updates"], list(values) == list(AVERAGES)
+        (0.0, True)
+        """
+        return dict(zip(AVERAGES, self.averages.numpy().tolist()))
+
+    def assign_averages(self, **entries):
+        """Sets entries of :attr:`averages` by name (host); the others keep
+        their values. For restoring a state saved elsewhere, or to make
+        :meth:`result` report a chosen noise scale (as the policies' tests do).
+
+        Example:
+
+        >>> from keras_adapt.monitors import GradientStatistics
+        >>> stats = GradientStatistics(batch_size=8)
+        >>> stats.assign_averages(updates=1, ema_weight=1.0, ema_grad_sqr=2.0, ema_grad_var=50.0)
+        >>> stats.result()["gns"]
+        25.0
+        """
+        unknown = sorted(set(entries) - set(AVERAGES))
+        if unknown:
+            raise ValueError(f"assign_averages got unknown entries {unknown}; "
+                             f"the entries are {list(AVERAGES)}")
+        values = self.read_averages()
+        values.update({k: float(v) for k, v in entries.items()})
+        self.averages.assign([values[name] for name in AVERAGES])
 
     def result(self):
         """Reads the current estimates on the host (one small device-to-host copy).
@@ -292,17 +337,12 @@ class GradientStatistics(tf.Module):
         EMA(|G|^2) means the signal is not yet resolved from the noise: the
         noise scale is reported as +inf and the SNR as 0.
         """
-        if self._read_all is None:
-            # One compiled read of all the variables: one call and one copy
-            # to the host instead of one per variable (monitors call this
-            # every few steps).
-            variables = (self.updates, self.covered_updates, self.nonfinite, self.global_batch,
-                         self.ema_weight, self.ema_grad_sqr, self.ema_grad_var,
-                         self.ema_global_batch)
-            self._read_all = tf.function(
-                lambda: tf.stack([tf.cast(v, _F64) for v in variables]), autograph=False)
+        # One read of one variable: monitors call this every few steps.
+        values = self.read_averages()
         (updates, covered, nonfinite, global_batch, correction, ema_grad_sqr, ema_grad_var,
-         ema_global_batch) = self._read_all().numpy().tolist()
+         ema_global_batch) = (values[name] for name in (
+             "updates", "covered_updates", "nonfinite", "global_batch", "ema_weight",
+             "ema_grad_sqr", "ema_grad_var", "ema_global_batch"))
         updates = int(updates)
         out = {
             "updates": updates,
@@ -329,12 +369,7 @@ class GradientStatistics(tf.Module):
 
     def reset(self):
         """Forgets all measurements (e.g. after the model changed a lot)."""
-        for v in (self.ema_grad_sqr, self.ema_grad_var, self.ema_global_batch, self.global_batch,
-                  self.ema_weight):
-            v.assign(tf.zeros_like(v))
-        self.updates.assign(0)
-        self.covered_updates.assign(0)
-        self.nonfinite.assign(0)
+        self.averages.assign(tf.zeros_like(self.averages))
 
 
 def _check_interval(interval):

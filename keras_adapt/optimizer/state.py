@@ -92,15 +92,13 @@ class AdaptState:
         >>> import keras, keras_adapt
         >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1))
         >>> names = opt.adapt_state.checkpoint_variables()
-        >>> "statistics_ema_grad_sqr" in names, "sync_index" in names, "lr_control_target" in names
+        >>> "statistics_averages" in names, "sync_index" in names, "lr_control_target" in names
         (True, True, False)
         """
         out = {"skipped": self.skipped, "updates": self.updates}
         stats = self.statistics
         if stats is not None:
-            for name in ("batch_size", "interval", "ema_grad_sqr", "ema_grad_var",
-                         "ema_global_batch", "ema_weight", "updates", "covered_updates",
-                         "nonfinite", "global_batch"):
+            for name in ("batch_size", "interval", "averages"):
                 out[f"statistics_{name}"] = getattr(stats, name)
         if self.accumulation is not None:
             acc = self.accumulation

@@ -121,12 +121,13 @@ snapshots = []
 
 class Snapshot(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
+        averages = stats.read_averages()
         snapshots.append({
             "batch": batch,
-            "ema_grad_sqr": float(stats.ema_grad_sqr.numpy()),
-            "ema_grad_var": float(stats.ema_grad_var.numpy()),
-            "updates": int(stats.updates.numpy()),
-            "nonfinite": int(stats.nonfinite.numpy()),
+            "ema_grad_sqr": averages["ema_grad_sqr"],
+            "ema_grad_var": averages["ema_grad_var"],
+            "updates": int(averages["updates"]),
+            "nonfinite": int(averages["nonfinite"]),
             "skipped": int(opt.skipped_steps.numpy()),
             "iterations": int(opt.iterations.numpy()),
         })
