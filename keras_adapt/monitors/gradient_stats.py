@@ -107,6 +107,10 @@ class GradientStatistics(tf.Module):
             int). Kept in a variable: :meth:`set_interval` changes it without
             retracing the train function.
 
+    The state is three variables: ``batch_size``, ``interval`` and
+    ``averages``, a float64 vector of the entries :data:`AVERAGES` names
+    (:meth:`read_averages`, :meth:`assign_averages`).
+
     Example:
 
     >>> import tensorflow as tf
@@ -338,25 +342,22 @@ class GradientStatistics(tf.Module):
         noise scale is reported as +inf and the SNR as 0.
         """
         # One read of one variable: monitors call this every few steps.
-        values = self.read_averages()
-        (updates, covered, nonfinite, global_batch, correction, ema_grad_sqr, ema_grad_var,
-         ema_global_batch) = (values[name] for name in (
-             "updates", "covered_updates", "nonfinite", "global_batch", "ema_weight",
-             "ema_grad_sqr", "ema_grad_var", "ema_global_batch"))
-        updates = int(updates)
+        v = self.read_averages()
+        updates = int(v["updates"])
         out = {
             "updates": updates,
-            "covered_updates": int(covered),
-            "nonfinite": int(nonfinite),
-            "batch_size": global_batch,
+            "covered_updates": int(v["covered_updates"]),
+            "nonfinite": int(v["nonfinite"]),
+            "batch_size": v["global_batch"],
         }
         if updates == 0:
             nan = float("nan")
             out.update(grad_sqr=nan, grad_var=nan, gns=nan, grad_snr=nan, snr_batch_size=nan)
             return out
-        grad_sqr = ema_grad_sqr / correction
-        grad_var = ema_grad_var / correction
-        batch = ema_global_batch / correction
+        correction = v["ema_weight"]
+        grad_sqr = v["ema_grad_sqr"] / correction
+        grad_var = v["ema_grad_var"] / correction
+        batch = v["ema_global_batch"] / correction
         if grad_sqr > 0.0:
             # A negative variance estimate means no noise is resolved yet.
             gns = max(grad_var, 0.0) / grad_sqr
