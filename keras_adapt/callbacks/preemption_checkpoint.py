@@ -334,7 +334,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         try:
             self._checkpoint.restore(path).assert_existing_objects_matched()
         except AssertionError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = str(exc).strip()
+            first = message.splitlines()[0] if message else type(exc).__name__
             raise ValueError(
                 f"checkpoint {path} does not hold all of this run's state ({first}): resume "
                 "with the model, the DistributedOptimizer settings (gradient_stats, "
