@@ -320,6 +320,7 @@ def test_sync_strategies_quick():
 # Its numbers are measured on the primary stack; on tf.keras 2,
 # tests/test_preemption.py runs the code it measures.
 @pytest.mark.primary_only
+@pytest.mark.timing
 def test_preemption_quick():
     """SIGTERM to one of two workers: checkpoint on disk, no step lost, the
     exit code reported; the printed numbers agree with each other."""
@@ -348,6 +349,7 @@ def test_preemption_quick():
 # Its numbers are measured on the primary stack; on tf.keras 2,
 # tests/test_worker_timing.py and tests/test_rebalance.py run the code it measures.
 @pytest.mark.primary_only
+@pytest.mark.timing
 def test_straggler_quick():
     # The smoke mode runs every configuration once on two real workers; what
     # is checked is that the line reports what was measured (the speed-up
@@ -391,6 +393,7 @@ def test_straggler_quick():
 
 
 @pytest.mark.primary_only
+@pytest.mark.timing
 def test_resize_latency_quick():
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "resize_latency.py"), "--quick"]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)

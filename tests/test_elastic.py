@@ -81,6 +81,7 @@ def _resize(event, before, after):
     return event
 
 
+@pytest.mark.timing  # the measured commit cost against the measured step time
 def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     # The data is an AdaptiveBatchDataset driven by a GlobalBatchSize: the
     # reset re-shards it and the rule acts through the actuator.

@@ -231,6 +231,7 @@ def test_scripted_run_records_decisions_and_feeds_the_model():
     assert all(t > 0 for ts in configs.values() for t in ts)
 
 
+@pytest.mark.timing  # a 0.5 s sleep against intervals within 30 ms of each other
 def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
     x = np.ones((256, 4), "float32")
     model = _model()

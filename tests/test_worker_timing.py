@@ -17,6 +17,9 @@ from keras_adapt.record import metadata, reader
 import tensorboard_loaders
 from conftest import controllers, horovodrun, load_rank_results
 
+# Compute and wait times, slowed ranks and straggler flags are measured time.
+pytestmark = pytest.mark.timing
+
 STEPS, BATCH, INTERVAL = 60, 32, 5  # tests/workers/timing_checks.py: 2 epochs of 30 steps
 
 
