@@ -261,7 +261,8 @@ def test_slow_rank_hook_slows_by_its_factor_with_and_without_the_monitor(tmp_pat
     # A compute-bound step (a small convolution, a 10 KB allreduce): rank 1
     # slowed 1.5x makes the whole step nearly 1.5x longer (the collective is
     # not stretched, and on a loaded machine it is slow: 1.28-1.40x seen at
-    # load averages 9-16), whether or not a WorkerTimingMonitor times the
+    # load averages 9-16, 1.19x with the monitor on an idle 2-core machine
+    # twice as slow as the others), whether or not a WorkerTimingMonitor times the
     # collectives, and the monitor sees rank 1 compute about 1.5x what rank
     # 0 does. (The hook once stretched only the host work between steps:
     # steps 0.8-1.12x as long, in both configurations.)
@@ -288,8 +289,9 @@ def test_slow_rank_hook_slows_by_its_factor_with_and_without_the_monitor(tmp_pat
           f"x{ratios[True]:.2f} with it; median compute ratio rank 1 / rank 0 "
           f"{computed[False]:.2f} plain, {computed[True]:.2f} slowed; median steps (ms) "
           + ", ".join(f"{k}: {v * 1000:.1f}" for k, v in step.items()))
-    assert 1.2 <= ratios[False] <= 1.75, ratios
-    assert 1.2 <= ratios[True] <= 1.75, ratios
+    # 1.15: above the 0.8-1.12x of the broken hook, below what slow machines give.
+    assert 1.15 <= ratios[False] <= 1.75, ratios
+    assert 1.15 <= ratios[True] <= 1.75, ratios
     assert 1.25 <= computed[True] <= 1.75 and 0.75 <= computed[False] <= 1.25, computed
     # Both ranks timed the same steps (the job is synchronous).
     other = {(r["timed"], r["slow"]): r for r in results[1]["runs"]}
