@@ -131,16 +131,69 @@ def test_time_to_accuracy_best_fixed_breaks_update_ties_by_accuracy():
     assert runner.summarize(verbose=False) == (0, 5)  # the docstring's example passes
 
 
+def test_time_to_accuracy_over_seeds_compares_means_and_every_seed():
+    bench = _benchmark("time_to_accuracy")
+
+    def run(final, updates, wall, batches=(32,)):
+        traj = [[1 + 50 * i, b] for i, b in enumerate(batches)]
+        return {"lr": 0.02, "updates": 3000 // batches[-1], "wall": 12.0, "final": final,
+                "updates_to_target": updates, "wall_to_target": wall, "batches": list(batches),
+                "trajectory": traj, "curve": [], "decisions": [], "trajectory_runs": [traj],
+                "same_decisions": True, "wall_to_target_runs": [wall]}
+
+    def seed(s, small, fixed64, gns):
+        return {"stack": "primary", "versions": "v", "seed": s, "tasks": {"ts": {
+            "settings": {"min_batch": 32, "max_batch": 64, "target": 0.83, "passes": 3.0},
+            "train_size": 1000, "runs": {"small": run(*small), "gns": run(*gns, (32, 128))},
+            "sweep": [dict(run(*fixed64), batch=64, lr=0.04, curve=None)]}}}
+
+    seeds = [seed(0, (0.870, 2000, 8.0), (0.868, 1400, 4.0), (0.862, 300, 1.0)),
+             seed(1, (0.866, 2600, 10.0), (0.868, 1600, 5.0), (0.867, 250, 0.8)),
+             seed(2, (0.868, None, None), (0.866, 1500, 4.5), (0.864, 280, 0.9))]
+    merged = bench.over_seeds(seeds)
+    assert merged["seed"] == [0, 1, 2]
+    res = merged["tasks"]["ts"]
+    small, gns, (fixed,) = res["runs"]["small"], res["runs"]["gns"], res["sweep"]
+    assert small["final"] == pytest.approx(0.868) and small["updates_to_target"] is None
+    assert fixed["final"] == pytest.approx(0.8673333) and fixed["updates_to_target"] == 1500
+    assert gns["wall_to_target"] == pytest.approx(0.9) and gns["wall_to_target_runs"] == [1.0, 0.8, 0.9]
+    assert gns["seeds"]["final"] == [0.862, 0.867, 0.864]
+    line = bench.summary("ts", merged, res)
+    # the best fixed on the means: 64 (within 0.5 pt of the small batch's
+    # 0.868, which did not reach the target with every seed)
+    assert line["best_fixed"]["batch"] == 64
+    assert line["acc_delta_vs_best_fixed"] == round(100 * (0.8643333 - 0.8673333), 2) == -0.3
+    assert line["acc_delta_vs_best_fixed_seeds"] == [-0.6, -0.1, -0.2]
+    assert line["update_ratio_vs_best_fixed_seeds"] == [round(1400 / 300, 3), 6.4,
+                                                        round(1500 / 280, 3)]
+    assert line["speedup_vs_best_fixed"] == round(4.5 / 0.9, 3)
+    assert line["speedup_vs_small"] is None  # the small batch missed the target once
+
+
 @pytest.mark.primary_only
-def test_time_to_accuracy_repeats_every_run():
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
-           "--tasks", "digits", "--configs", "small", "--repeats", "2"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
-    for run in line["configs"].values():
-        assert len(run["wall_to_target_runs"]) == 2
-        assert run["wall_to_target"] in run["wall_to_target_runs"]
+def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another():
+    def run(*extra):
+        cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
+               "--tasks", "digits", "--configs", "small", "--curves", *extra]
+        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+        (printed,) = [l for l in proc.stdout.splitlines() if l.startswith("  small curve")]
+        # (samples, updates, wall, acc, batch, gns) per evaluation; the wall dropped
+        points = [p.split(",") for p in printed.split(": ", 1)[1].strip("() ").split(") (")]
+        return line, [(p[0], p[1], p[3]) for p in points]
+
+    line, one = run("--repeats", "2", "--seeds", "1")
+    assert line["seed"] == 1
+    for config in line["configs"].values():
+        assert len(config["wall_to_target_runs"]) == 2
+        assert config["wall_to_target"] in config["wall_to_target_runs"]
+    line, zero = run()
+    assert line["seed"] == 0
+    # Another seed: the same evaluation grid and updates, other initial
+    # weights and sample order, so other accuracies along the way.
+    assert [p[:2] for p in one] == [p[:2] for p in zero] and len(one) >= 3
+    assert [p[2] for p in one] != [p[2] for p in zero]
 
 
 def test_perf_model_report_on_stored_times(capsys):
