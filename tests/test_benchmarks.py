@@ -131,7 +131,7 @@ def test_time_to_accuracy_best_fixed_breaks_update_ties_by_accuracy():
     assert runner.summarize(verbose=False) == (0, 5)  # the docstring's example passes
 
 
-def test_time_to_accuracy_over_seeds_compares_means_and_every_seed():
+def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     bench = _benchmark("time_to_accuracy")
 
     def run(final, updates, wall, batches=(32,)):
@@ -168,6 +168,13 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed():
                                                         round(1500 / 280, 3)]
     assert line["speedup_vs_best_fixed"] == round(4.5 / 0.9, 3)
     assert line["speedup_vs_small"] is None  # the small batch missed the target once
+    # what the report prints for it: the means, every seed's comparison, the line
+    capsys.readouterr()
+    bench.report(merged, 1.0)
+    out = capsys.readouterr().out
+    assert "seed [0, 1, 2] (means)" in out
+    assert f"per seed: acc_delta [-0.6, -0.1, -0.2], updates [{round(1400 / 300, 3)}, 6.4, " in out
+    assert [json.loads(l) for l in out.splitlines() if l.startswith('{"bench"')] == [line]
 
 
 @pytest.mark.primary_only
