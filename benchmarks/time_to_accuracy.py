@@ -311,8 +311,11 @@ def report(result, elapsed, curves=False):
     for task, res in result["tasks"].items():
         s = res["settings"]
         runs = res["runs"]
+        seeds = result["seed"]
+        seeds = f"seeds {seeds} (means)" if isinstance(seeds, list) else f"seed {seeds}"
         print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
-              f"2 workers, Gloo, seed {result['seed']}{' (means)' if isinstance(result['seed'], list) else ''}; budget {s['passes']:g} passes of {res['train_size']} samples, "
+              f"2 workers, Gloo, {seeds}; budget {s['passes']:g} passes of "
+              f"{res['train_size']} samples, "
               f"target {s['target']:.3f}; the policies at the library's defaults")
         print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'wall':>7s} "
               f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
@@ -818,6 +821,12 @@ def main():
         parser.error(f"--repeats={args.repeats} is not valid; use an int >= 1")
     if args.seed and not args.worker:
         parser.error(f"--seed={args.seed} is the workers' own option; use --seeds {args.seed}")
+    if min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):
+        parser.error(f"--seeds {' '.join(map(str, args.seeds))} is not valid; "
+                     "use distinct ints >= 0")
+    if args.tune and len(args.seeds) > 1:
+        parser.error(f"--tune runs one seed, got --seeds {' '.join(map(str, args.seeds))}; "
+                     "tune once per seed")
     if args.tasks is None:
         args.tasks = list(QUICK_TASKS if args.quick else TASKS)
     worker(args) if args.worker else launch(args)

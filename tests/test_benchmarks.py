@@ -156,7 +156,8 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     small, gns, (fixed,) = res["runs"]["small"], res["runs"]["gns"], res["sweep"]
     assert small["final"] == pytest.approx(0.868) and small["updates_to_target"] is None
     assert fixed["final"] == pytest.approx(0.8673333) and fixed["updates_to_target"] == 1500
-    assert gns["wall_to_target"] == pytest.approx(0.9) and gns["wall_to_target_runs"] == [1.0, 0.8, 0.9]
+    assert gns["wall_to_target"] == pytest.approx(0.9)
+    assert gns["wall_to_target_runs"] == [1.0, 0.8, 0.9]
     assert gns["seeds"]["final"] == [0.862, 0.867, 0.864]
     line = bench.summary("ts", merged, res)
     # the best fixed on the means: 64 (within 0.5 pt of the small batch's
@@ -172,9 +173,21 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     capsys.readouterr()
     bench.report(merged, 1.0)
     out = capsys.readouterr().out
-    assert "seed [0, 1, 2] (means)" in out
+    assert "seeds [0, 1, 2] (means)" in out
     assert f"per seed: acc_delta [-0.6, -0.1, -0.2], updates [{round(1400 / 300, 3)}, 6.4, " in out
     assert [json.loads(l) for l in out.splitlines() if l.startswith('{"bench"')] == [line]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0", "0"], "--seeds 0 0 is not valid; use distinct ints >= 0"),
+    (["--seeds", "-1"], "--seeds -1 is not valid; use distinct ints >= 0"),
+    (["--seed", "3"], "--seed=3 is the workers' own option; use --seeds 3"),
+    (["--tune", "--seeds", "0", "1"], "--tune runs one seed, got --seeds 0 1"),
+])
+def test_time_to_accuracy_refuses_bad_seeds_before_any_run(argv, message):
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), *argv]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
 @pytest.mark.primary_only
