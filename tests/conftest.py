@@ -71,6 +71,8 @@ def controllers(mpi="opt_in"):
       start-up, every collective, training);
     - ``"primary"``: on the primary stack (jobs whose launch differs under
       mpirun: signals forwarded by it, workers started over ssh);
+    - ``"legacy"``: on the legacy stack (the basic checks on localhost,
+      which the primary stack runs under MPI on the emulated hosts);
     - ``"opt_in"`` (the rest): only with ``KERAS_ADAPT_TEST_MPI=all``.
 
     The controller only negotiates which tensors are ready; every other
@@ -78,9 +80,10 @@ def controllers(mpi="opt_in"):
     test`` keeps its time for what differs."""
     from keras_adapt import _keras
 
-    if mpi not in ("every_stack", "primary", "opt_in"):
-        raise ValueError(f"mpi={mpi!r}; use 'every_stack', 'primary' or 'opt_in'")
+    if mpi not in ("every_stack", "primary", "legacy", "opt_in"):
+        raise ValueError(f"mpi={mpi!r}; use 'every_stack', 'primary', 'legacy' or 'opt_in'")
     wanted = (mpi == "every_stack" or (mpi == "primary" and _keras.IS_KERAS3)
+              or (mpi == "legacy" and not _keras.IS_KERAS3)
               or os.environ.get(TEST_MPI_ENV) == "all")
     out = ["gloo"]
     if not wanted:
