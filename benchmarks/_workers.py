@@ -3,22 +3,39 @@
 A benchmark script run by hand calls :func:`run_on_workers`, which
 re-executes the same script under ``horovodrun -np 2`` with ``--worker``
 and returns rank 0's result; the worker side calls :func:`pin_worker`
-before it imports TensorFlow.
+before it imports TensorFlow. The launcher is ``horovodrun`` beside this
+Python, or the command in ``KERAS_ADAPT_HOROVODRUN`` (the test suite's,
+see :func:`horovodrun`).
 """
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
+
+
+def horovodrun():
+    """The launcher command, as a list: ``$KERAS_ADAPT_HOROVODRUN`` split as
+    a shell would, or else the ``horovodrun`` installed beside this Python.
+
+    Example::
+
+        cmd = [*horovodrun(), "-np", "2", "-H", "localhost:2", "--gloo", "python", "x.py"]
+    """
+    command = os.environ.get("KERAS_ADAPT_HOROVODRUN")
+    if command:
+        return shlex.split(command)
+    return [os.path.join(os.path.dirname(sys.executable), "horovodrun")]
 
 
 def run_on_workers(script, args, prefix, np=2):
     """Runs ``script --worker --out DIR ARGS`` on ``np`` local Gloo workers;
     returns the JSON rank 0 wrote to ``DIR/rank0.json`` (exits on failure)."""
     out = tempfile.mkdtemp(prefix=prefix)
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(np),
+    cmd = [*horovodrun(), "-np", str(np),
            "-H", f"localhost:{np}", "--gloo", sys.executable, os.path.abspath(script),
            "--worker", "--out", out, *map(str, args)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

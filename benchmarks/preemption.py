@@ -42,14 +42,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _workers import parser  # noqa: E402
+from _workers import horovodrun, parser  # noqa: E402
 
 
 def trial(args, index):
     """One preempted job; returns its measurements."""
     base = tempfile.mkdtemp(prefix=f"preempt_bench{index}_")
     out, ckdir = os.path.join(base, "out"), os.path.join(base, "ck")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+    cmd = [*horovodrun(), "-np", "2",
            "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", "--out", out, "--dir", ckdir, "--width", str(args.width),
            "--steps", str(args.steps)]

@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 
-from _workers import describe_stack, parser
+from _workers import describe_stack, horovodrun, parser
 
 ap = parser(__doc__)
 ap.add_argument("--repeats", type=int, default=3)
@@ -84,7 +84,7 @@ def launch(mode, workdir, timeout=600):
         f.write(f"#!/bin/sh\nexec cat '{hosts}'\n")
     os.chmod(discover, 0o755)
     out = os.path.join(workdir, "out")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+    cmd = [*horovodrun(), "-np", "2",
            "--min-np", "1", "--max-np", "2", "--host-discovery-script", discover,
            "--network-interface", "lo", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", "--out", out, "--mode", mode, "--hosts", hosts,

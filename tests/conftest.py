@@ -1,11 +1,14 @@
 """Shared test helpers: running real multi-process Horovod jobs."""
 
+import atexit
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -13,6 +16,15 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
 BIN = os.path.dirname(sys.executable)
+
+#: The launcher the suite's jobs run: ``horovodrun``, with its build checks
+#: (a TensorFlow import each) asked once per session; see
+#: tests/horovodrun_checked_once.py. tests/test_examples.py runs the
+#: ``horovodrun`` script itself, as a user would.
+HOROVODRUN = [sys.executable, os.path.join(HERE, "horovodrun_checked_once.py")]
+#: This session's answers to the launcher's build checks.
+_LAUNCHER_ANSWERS = os.path.join(tempfile.mkdtemp(prefix="keras-adapt-tests-"), "built.json")
+atexit.register(shutil.rmtree, os.path.dirname(_LAUNCHER_ANSWERS), True)
 
 
 def _env():
@@ -29,6 +41,9 @@ def _env():
     # exception, SIGSEGV) prints the Python stack of every thread first;
     # worker_failures() finds it in the job's output.
     env.setdefault("PYTHONFAULTHANDLER", "1")
+    env.setdefault("KERAS_ADAPT_TEST_HOROVOD_BUILT", _LAUNCHER_ANSWERS)
+    # The benchmarks' launcher (benchmarks/_workers.py).
+    env.setdefault("KERAS_ADAPT_HOROVODRUN", shlex.join(HOROVODRUN))
     if os.environ.get("KERAS_ADAPT_TEST_INSTALLED") != "1":
         # Workers import this checkout (tools/check_install.sh tests the
         # installed wheel instead and sets KERAS_ADAPT_TEST_INSTALLED=1).
@@ -108,14 +123,13 @@ def horovodrun(script, script_args=(), np=2, controller="gloo", timeout=600, hos
     exits non-zero unless ``check`` is False. Every process of the job is
     killed on timeout and when it ends (see :func:`_run_job`).
     """
-    horovodrun_bin = os.path.join(BIN, "horovodrun")
-    if not os.path.exists(horovodrun_bin):
+    if not os.path.exists(os.path.join(BIN, "horovodrun")):
         pytest.skip("horovodrun is not installed in this environment")
     if hosts is None:
-        cmd = [horovodrun_bin, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]
+        cmd = [*HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]
     else:
         assert np == len(hosts.names), (np, hosts.names)
-        cmd = [horovodrun_bin, *hosts.horovodrun_args(), f"--{controller}"]
+        cmd = [*HOROVODRUN, *hosts.horovodrun_args(), f"--{controller}"]
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe"]
     cmd += [sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
@@ -274,11 +288,10 @@ def horovodrun_elastic(script, script_args, discovery, np=2, min_np=1, max_np=2,
     the job's output if it times out, or exits non-zero unless ``check`` is
     False (a job meant to stop).
     """
-    horovodrun_bin = os.path.join(BIN, "horovodrun")
-    if not os.path.exists(horovodrun_bin):
+    if not os.path.exists(os.path.join(BIN, "horovodrun")):
         pytest.skip("horovodrun is not installed in this environment")
     network = ["--network-interface", "lo"] if hosts is None else hosts.launcher_args()
-    cmd = [horovodrun_bin, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
+    cmd = [*HOROVODRUN, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", discovery, *network, *map(str, launcher_args), "--gloo",
            sys.executable, os.path.join(WORKERS, script), *map(str, script_args)]
     return _run_job(cmd, timeout, extra_env, check)

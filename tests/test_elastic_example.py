@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from conftest import BIN, HERE, JOB_MARK, _env, discovery_script, horovod_source_file, kill_job
+from conftest import HOROVODRUN, HERE, JOB_MARK, _env, discovery_script, horovod_source_file, kill_job
 from keras_adapt import _keras
 
 EXAMPLE = "examples/elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py"
@@ -67,7 +67,7 @@ def test_horovods_elastic_keras_example_with_keras_adapt(tmp_path):
     env["PYTHONUNBUFFERED"] = "1"
     env[JOB_MARK] = f"{os.getpid()}-{time.monotonic_ns()}"
     log = tmp_path / "output.txt"
-    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+    cmd = [*HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", discover, "--network-interface", "lo", "--gloo",
            sys.executable, str(script)]
     with open(log, "w") as out:

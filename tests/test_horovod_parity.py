@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from conftest import BIN, _env, controllers, horovod_source_file, horovodrun, load_rank_results
+from conftest import HOROVODRUN, _env, controllers, horovod_source_file, horovodrun, load_rank_results
 
 LR = 0.5
 
@@ -183,7 +183,7 @@ def test_horovods_keras_test_file_with_keras_adapt(tmp_path, controller):
     src = horovod_source_file(HOROVOD_TEST, "Horovod's Keras test file")
     target = tmp_path / "test_tensorflow2_keras_adapt.py"
     target.write_text(substituted(open(src).read()))
-    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}"]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", f"--{controller}"]
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe"]
     junit = tmp_path / "junit"

@@ -15,7 +15,7 @@ import pytest
 
 import keras
 import keras_adapt
-from conftest import BIN, JOB_MARK, WORKERS, _env, controllers, kill_job
+from conftest import BIN, HOROVODRUN, JOB_MARK, WORKERS, _env, controllers, kill_job
 from keras_adapt import events
 from keras_adapt.callbacks import PreemptionCheckpoint
 from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE
@@ -254,7 +254,7 @@ def test_deadline_passed_exits_with_the_code_and_no_new_checkpoint(tmp_path):
 
 # -- two workers ----------------------------------------------------------------
 def _launch(out, ckdir, controller, extra=()):
-    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}"]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", f"--{controller}"]
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe"]
     cmd += [sys.executable, os.path.join(WORKERS, "preemption_checks.py"), "--out", str(out),
