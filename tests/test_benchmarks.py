@@ -13,12 +13,23 @@ from conftest import _env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def bench_lines(text):
+    """The ``{"bench": ...}`` JSON lines a benchmark printed in ``text``."""
+    return [json.loads(l) for l in text.splitlines() if l.startswith('{"bench"')]
+
+
+def run_benchmark(name, *args, timeout=300, returncode=0):
+    """Runs ``benchmarks/NAME.py ARGS`` as a user would; checks its exit code
+    (with its output in the failure) and returns the completed process."""
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", f"{name}.py"), *map(str, args)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == returncode, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
 @pytest.mark.primary_only
 def test_time_to_accuracy_quick():
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    lines = bench_lines(run_benchmark("time_to_accuracy", "--quick").stdout)
     assert [l["task"] for l in lines] == ["teacher_student", "digits"]
     for line in lines:
         assert list(line)[:6] == ["bench", "task", "speedup_vs_small", "acc_delta_vs_small",
@@ -175,7 +186,7 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     out = capsys.readouterr().out
     assert "seeds [0, 1, 2] (means)" in out
     assert f"per seed: acc_delta [-0.6, -0.1, -0.2], updates [{round(1400 / 300, 3)}, 6.4, " in out
-    assert [json.loads(l) for l in out.splitlines() if l.startswith('{"bench"')] == [line]
+    assert bench_lines(out) == [line]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -185,19 +196,16 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     (["--tune", "--seeds", "0", "1"], "--tune runs one seed, got --seeds 0 1"),
 ])
 def test_time_to_accuracy_refuses_bad_seeds_before_any_run(argv, message):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), *argv]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    proc = run_benchmark("time_to_accuracy", *argv, timeout=60, returncode=2)
+    assert message in proc.stderr, proc.stderr
 
 
 @pytest.mark.primary_only
 def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another():
     def run(*extra):
-        cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "time_to_accuracy.py"), "--quick",
-               "--tasks", "digits", "--configs", "small", "--curves", *extra]
-        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+        proc = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs",
+                             "small", "--curves", *extra)
+        (line,) = bench_lines(proc.stdout)
         (printed,) = [l for l in proc.stdout.splitlines() if l.startswith("  small curve")]
         # (samples, updates, wall, acc, batch, gns) per evaluation; the wall dropped
         points = [p.split(",") for p in printed.split(": ", 1)[1].strip("() ").split(") (")]
@@ -230,8 +238,7 @@ def test_perf_model_report_on_stored_times(capsys):
         jobs = json.load(f)
     line = bench.report(jobs)
     out = capsys.readouterr().out
-    printed = [json.loads(l) for l in out.splitlines() if l.startswith('{"bench"')]
-    assert printed == [line]
+    assert bench_lines(out) == [line]
     assert list(line)[:3] == ["bench", "stack", "target"] and line["bench"] == "perf_model"
     assert sum(" held out" in l for l in out.splitlines()) == 8
     assert sum(l.endswith("  fitted") for l in out.splitlines()) == 12
@@ -277,13 +284,8 @@ def test_perf_model_report_on_stored_times(capsys):
 def test_sync_strategies_quick():
     from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL
 
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "sync_strategies.py"), "--quick",
-           "--rounds", "1"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
-    assert len(lines) == 1
-    line = lines[0]
+    (line,) = bench_lines(run_benchmark("sync_strategies", "--quick", "--rounds", "1",
+                                        timeout=600).stdout)
     assert list(line)[:7] == ["bench", "stack", "adaptive_acc_gap_vs_best",
                               "adaptive_speedup_vs_ssgd_delay", "met", "met_acc", "met_speedup"]
     assert line["bench"] == "sync_strategies" and line["stack"] == "primary"
@@ -397,12 +399,7 @@ def test_sync_strategies_quick():
 def test_preemption_quick():
     """SIGTERM to one of two workers: checkpoint on disk, no step lost, the
     exit code reported; the printed numbers agree with each other."""
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "preemption.py"), "--quick"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
-    assert len(lines) == 1
-    line = lines[0]
+    (line,) = bench_lines(run_benchmark("preemption", "--quick").stdout)
     assert line["bench"] == "preemption" and line["trials"] == 1
     from keras_adapt import _keras
 
@@ -427,12 +424,8 @@ def test_straggler_quick():
     # The smoke mode runs every configuration once on two real workers; what
     # is checked is that the line reports what was measured (the speed-up
     # itself is the benchmark's result, not asserted on this shared machine).
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "straggler.py"), "--quick"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
-    assert len(lines) == 1
-    line = lines[0]
+    proc = run_benchmark("straggler", "--quick")
+    (line,) = bench_lines(proc.stdout)
     assert list(line)[:4] == ["bench", "detect_steps", "false_alarms", "rebalance_gain"]
     assert line["bench"] == "straggler" and line["rounds"] == 1 and line["global_batch"] == 128
     assert line["settings"]["model"] == "conv"  # the compute-bound default workload
@@ -467,10 +460,7 @@ def test_straggler_quick():
 
 @pytest.mark.primary_only
 def test_resize_latency_quick():
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "resize_latency.py"), "--quick"]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith('{"bench"')]
+    (line,) = bench_lines(run_benchmark("resize_latency", "--quick", timeout=900).stdout)
     assert list(line)[:4] == ["bench", "down_s", "up_s", "commit_ratio"]
     assert line["bench"] == "resize_latency" and line["stack"] == "primary"
     # One scale-down and one scale-up, each a positive pause; the medians are them.
