@@ -27,10 +27,29 @@ def run_benchmark(name, *args, timeout=300, returncode=0):
     return proc
 
 
+@pytest.fixture(scope="module")
+def quick_time_to_accuracy():
+    """The printed output of ``time_to_accuracy.py --quick --curves``: both
+    tasks, every configuration, seed 0 (one job for the tests below)."""
+    return run_benchmark("time_to_accuracy", "--quick", "--curves").stdout
+
+
+def small_curve(stdout, task):
+    """``(samples, updates, accuracy)`` at each evaluation of the small batch
+    on ``task``, from the curve the report printed."""
+    section = stdout.split(f"time to accuracy, task={task},", 1)[1]
+    section = section.split("time to accuracy, task=", 1)[0]
+    (printed,) = [l for l in section.splitlines() if l.startswith("  small curve")]
+    # (samples, updates, wall, acc, batch, gns) per evaluation; the wall dropped
+    points = [p.split(",") for p in printed.split(": ", 1)[1].strip("() ").split(") (")]
+    return [(p[0], p[1], p[3]) for p in points]
+
+
 @pytest.mark.primary_only
-def test_time_to_accuracy_quick():
-    lines = bench_lines(run_benchmark("time_to_accuracy", "--quick").stdout)
+def test_time_to_accuracy_quick(quick_time_to_accuracy):
+    lines = bench_lines(quick_time_to_accuracy)
     assert [l["task"] for l in lines] == ["teacher_student", "digits"]
+    assert [l["seed"] for l in lines] == [0, 0]
     for line in lines:
         assert list(line)[:6] == ["bench", "task", "speedup_vs_small", "acc_delta_vs_small",
                                   "speedup_vs_large", "acc_delta_vs_large"]
@@ -201,23 +220,15 @@ def test_time_to_accuracy_refuses_bad_seeds_before_any_run(argv, message):
 
 
 @pytest.mark.primary_only
-def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another():
-    def run(*extra):
-        proc = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs",
-                             "small", "--curves", *extra)
-        (line,) = bench_lines(proc.stdout)
-        (printed,) = [l for l in proc.stdout.splitlines() if l.startswith("  small curve")]
-        # (samples, updates, wall, acc, batch, gns) per evaluation; the wall dropped
-        points = [p.split(",") for p in printed.split(": ", 1)[1].strip("() ").split(") (")]
-        return line, [(p[0], p[1], p[3]) for p in points]
-
-    line, one = run("--repeats", "2", "--seeds", "1")
+def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another(quick_time_to_accuracy):
+    proc = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "small",
+                         "--curves", "--repeats", "2", "--seeds", "1")
+    (line,) = bench_lines(proc.stdout)
     assert line["seed"] == 1
     for config in line["configs"].values():
         assert len(config["wall_to_target_runs"]) == 2
         assert config["wall_to_target"] in config["wall_to_target_runs"]
-    line, zero = run()
-    assert line["seed"] == 0
+    one, zero = small_curve(proc.stdout, "digits"), small_curve(quick_time_to_accuracy, "digits")
     # Another seed: the same evaluation grid and updates, other initial
     # weights and sample order, so other accuracies along the way.
     assert [p[:2] for p in one] == [p[:2] for p in zero] and len(one) >= 3
