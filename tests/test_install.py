@@ -3,7 +3,8 @@
 ``tools/check_install.sh VENV`` (part of ``make test``) builds the sdist and a
 wheel from it, installs the wheel into a new environment that has the
 stack's TensorFlow and Horovod, and runs this file there with
-``KERAS_ADAPT_TEST_INSTALLED=1``; in the ordinary suite it is skipped.
+``KERAS_ADAPT_TEST_INSTALLED=1``, with one 2-worker job of
+tests/test_distributed.py; in the ordinary suite it is skipped.
 """
 
 import importlib.metadata
@@ -42,6 +43,23 @@ def test_packages_import_from_the_installed_wheel():
                  "keras_adapt/monitors/worker_timing.py", "keras_adapt/policies/straggler.py",
                  "keras_adapt/plan.py"):
         assert path in files, path
+
+
+def test_every_module_of_the_checkout_imports_from_the_wheel():
+    # The checkout's modules, found by file; each must come from the wheel.
+    import importlib
+
+    expected = []
+    for package, root in (("keras_adapt", CHECKOUT),
+                          ("tensorboard_plugin_adapt", os.path.join(CHECKOUT, "plugins"))):
+        for directory, _, files in os.walk(os.path.join(root, package)):
+            relative = os.path.relpath(directory, root).replace(os.sep, ".")
+            expected += [relative if f == "__init__.py" else f"{relative}.{f[:-3]}"
+                         for f in files if f.endswith(".py")]
+    assert len(expected) > 80, expected  # the checkout was found
+    for name in sorted(expected):
+        module = importlib.import_module(name)
+        assert _outside_checkout(module.__file__), (name, module.__file__)
 
 
 def test_the_compiled_op_ships_in_the_wheel_and_loads():
