@@ -219,20 +219,47 @@ def test_time_to_accuracy_refuses_bad_seeds_before_any_run(argv, message):
     assert message in proc.stderr, proc.stderr
 
 
+@pytest.fixture(scope="module")
+def seed1_progress_run():
+    """``--quick --tasks digits --configs small gns --repeats 2 --seeds 1
+    --budget progress --curves``: one job for the two tests below."""
+    return run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "small",
+                         "gns", "--curves", "--repeats", "2", "--seeds", "1", "--budget",
+                         "progress").stdout
+
+
 @pytest.mark.primary_only
-def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another(quick_time_to_accuracy):
-    proc = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "small",
-                         "--curves", "--repeats", "2", "--seeds", "1")
-    (line,) = bench_lines(proc.stdout)
+def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another(
+        quick_time_to_accuracy, seed1_progress_run):
+    (line,) = bench_lines(seed1_progress_run)
     assert line["seed"] == 1
     for config in line["configs"].values():
         assert len(config["wall_to_target_runs"]) == 2
         assert config["wall_to_target"] in config["wall_to_target_runs"]
-    one, zero = small_curve(proc.stdout, "digits"), small_curve(quick_time_to_accuracy, "digits")
+    one = small_curve(seed1_progress_run, "digits")
+    zero = small_curve(quick_time_to_accuracy, "digits")
     # Another seed: the same evaluation grid and updates, other initial
     # weights and sample order, so other accuracies along the way.
     assert [p[:2] for p in one] == [p[:2] for p in zero] and len(one) >= 3
     assert [p[2] for p in one] != [p[2] for p in zero]
+
+
+@pytest.mark.primary_only
+def test_time_to_accuracy_progress_budget_ends_the_policy_on_its_progress(seed1_progress_run):
+    (line,) = bench_lines(seed1_progress_run)
+    assert line["budget"] == "progress"
+    assert "their budget in progress" in seed1_progress_run
+    budget = int(line["passes"] * 1300)  # digits: 1300 training samples
+    small, gns = line["configs"]["small"], line["configs"]["gns"]
+    # The fixed batch keeps the sample budget: stopped at the first update past it.
+    assert budget <= small["samples"] < budget + 32
+    # The policy's ten epochs each end on a tenth of the budget's progress,
+    # which a sample makes at most once: at least the budget in samples.
+    assert gns["samples"] >= budget
+    if [b for _, b in gns["batch_trajectory"]] == [32]:
+        # At the start batch, progress is samples: the very run of the small batch.
+        assert (gns["updates"], gns["samples"], gns["final"]) == (
+            small["updates"], small["samples"], small["final"])
 
 
 def test_perf_model_report_on_stored_times(capsys):

@@ -257,6 +257,8 @@ def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
     assert np.mean(times) - np.median(times) > 0.01
     assert np.median(times) < min(slow) - 0.03
     assert not policy.throughput_model.fit().usable  # one configuration
+    # its own on_update_end still counts every update's samples (at the start batch: progress too)
+    assert policy.progress.samples == 4 * 32 * 8 == policy.progress.progress
 
 
 def test_config_round_trip_and_bad_arguments():

@@ -187,10 +187,10 @@ def test_gns_policy_sample_budget_caps_growth_to_keep_updates_left():
     assert decisions == [(10, 16 * n, 192 * n)]  # 198n through 16-sample micro-batches: k = 12
     reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
     assert f"{budget - 160 * n} samples left: at most {cap} for 100 updates" in reasons[0]
-    assert policy.samples == 10 * 16 * n + 90 * 192 * n
-    assert policy.budget_cap() == max(16 * n, (budget - policy.samples) // keep) == 25 * n
+    assert policy.progress.samples == 10 * 16 * n + 90 * 192 * n
+    assert policy.budget_cap() == max(16 * n, (budget - policy.progress.samples) // keep) == 25 * n
     assert policy.batch.value == 192 * n
-    assert policy.get_state()["samples"] == policy.samples
+    assert policy.get_state()["training_progress"]["samples"] == policy.progress.samples
 
 
 def test_gns_policy_without_a_budget_grows_to_max_batch():
@@ -200,7 +200,7 @@ def test_gns_policy_without_a_budget_grows_to_max_batch():
                                 warmup_updates=0, min_change_interval=0, interval=10)
     assert policy.budget_cap() == 1024 * n
     assert _drive(policy, model, [(10, 5000.0 * n)]) == [(10, 16 * n, 1024 * n)]
-    assert policy.samples == 10 * 16 * n
+    assert policy.progress.samples == 10 * 16 * n
 
 
 def test_gns_policy_without_a_rule_leaves_the_learning_rate():
@@ -294,7 +294,9 @@ def test_state_round_trip_resumes_batch_lr_and_progress(tmp_path):
     assert resumed.batch.accumulation.steps == 8
     assert resumed.lr_follower.lr.factor == pytest.approx(saved["lr_factor"])
     assert resumed.lr_follower.lr.progress == pytest.approx(123.5)
-    assert resumed.samples == saved["samples"] == 10 * 16 * n + 10 * 128 * n
+    assert resumed.progress.samples == saved["training_progress"]["samples"] \
+        == 10 * 16 * n + 10 * 128 * n
+    assert resumed.progress.progress == pytest.approx(policy.progress.progress)
     assert resumed.events[0]["kind"] == "resume"
 
 

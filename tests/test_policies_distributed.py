@@ -14,7 +14,7 @@ import pytest
 from conftest import controllers, horovodrun, load_rank_results
 from keras_adapt import events
 
-PHASES = ("rebatch", "accumulate", "goodput")
+PHASES = ("rebatch", "accumulate", "goodput", "epochs")
 
 
 @pytest.fixture(scope="module", params=controllers())
@@ -67,6 +67,24 @@ def test_accumulation_and_lr_policy_follow_each_other(run):
         follow = [e for e in lr_events if e["step"] == b["step"]]
         assert follow, f"no lr event at step {b['step']}"
         assert follow[-1]["after"]["lr_factor"] == pytest.approx(b["after"]["batch_size"] / 16)
+
+
+def test_both_ranks_end_every_progress_epoch_at_the_same_step_where_it_crosses_a_pass(run):
+    _, (r0, r1) = run
+    e0, e1 = r0["epochs"], r1["epochs"]
+    assert e0["steps"] == e1["steps"] and len(e0["steps"]) == 3
+    assert e0["before"] == e1["before"] and e0["at_end"] == e1["at_end"]
+    per_pass = e0["samples_per_pass"]
+    assert per_pass == 2002
+    last = 0
+    for epoch, steps in enumerate(e0["steps"]):
+        last += steps
+        # The epoch's last step starts below its boundary and ends on or past it.
+        assert e0["before"][last - 1] < (epoch + 1) * per_pass <= e0["at_end"][epoch]
+    # The host's progress is AdaScale's in-graph progress x B0 (the same gains).
+    assert e0["tau_x_base"] == pytest.approx(e0["at_end"][-1], rel=1e-9)
+    # The batch grew, so the run trained on more samples than three passes.
+    assert e0["samples"] > 3 * per_pass
 
 
 def test_rank0_wrote_the_events_file_with_the_schema(run):

@@ -1,4 +1,4 @@
-"""What the monitoring callbacks share: argument checks and cached logs."""
+"""What the callbacks share: argument checks and cached logs."""
 
 import keras
 
@@ -10,6 +10,31 @@ def check_interval(interval, what):
             f"interval={interval!r} is not valid; use a positive int, the number "
             f"of training steps between {what} (e.g. 10)"
         )
+
+
+def check_fixed_epochs(callbacks, caller):
+    """Raises a ``ValueError`` when a callback ends ``fit``'s epochs itself
+    (a batch-size policy with ``epoch_end``): ``caller`` resumes epochs by
+    their steps, which such epochs do not have.
+
+    Example:
+
+    >>> from keras_adapt.callbacks._common import check_fixed_epochs
+    >>> from keras_adapt.policies import GNSBatchSizePolicy
+    >>> check_fixed_epochs([GNSBatchSizePolicy(16, 64, micro_batch_size=16)], "fit")
+    >>> policy = GNSBatchSizePolicy(16, 64, micro_batch_size=16, epoch_end="samples",
+    ...                             samples_per_epoch=1000)
+    >>> check_fixed_epochs([policy], "fit")
+    Traceback (most recent call last):
+    ...
+    ValueError: fit resumes epochs of fixed steps; GNSBatchSizePolicy(epoch_end='samples') ends them on its count. Use epoch_end=None there, or model.fit.
+    """
+    for cb in callbacks:
+        end = getattr(cb, "epoch_end", None)
+        if end is not None:
+            raise ValueError(
+                f"{caller} resumes epochs of fixed steps; {type(cb).__name__}(epoch_end="
+                f"{end!r}) ends them on its count. Use epoch_end=None there, or model.fit.")
 
 
 class CachedLogs(keras.callbacks.Callback):

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd, events
+from keras_adapt.callbacks._common import check_fixed_epochs
 from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
@@ -261,6 +262,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self.preempted, self.signal_to_disk_s = False, None
         self._dataset = data
         callbacks = list(callbacks)
+        check_fixed_epochs(callbacks, "PreemptionCheckpoint.fit")
         self._policy_list = _policies(callbacks)
         found = self.latest()
         epoch, step = (0, 0) if found is None else (found[1]["epoch"], found[1]["step_in_epoch"])

@@ -17,6 +17,9 @@ class AdaptiveBatchDataset:
     :attr:`micro_batch_size`. Pass ``steps_per_epoch=ds.steps_per_epoch`` to
     ``fit``: an epoch is then a fixed number of micro-steps (one pass at the
     initial micro-batch size) and :attr:`passes` says how much data was seen.
+    Or let the batch-size policy end the epochs (``epoch_end="samples"``:
+    one pass whatever the batch; ``"progress"``: one pass's worth of
+    statistical progress, as AdaptDL) and give ``fit`` no ``steps_per_epoch``.
 
     The workers' micro-batches may also differ
     (:attr:`rank_micro_batch_sizes`, set by
@@ -156,6 +159,20 @@ class AdaptiveBatchDataset:
         # The samples of a pass that the equal shares use (a remainder of
         # fewer than num_workers samples is left out, as by the shares).
         return self.shard_size * self.num_workers
+
+    @property
+    def samples_per_pass(self):
+        """Global samples of one pass: every worker's equal share together
+        (a remainder of fewer than ``num_workers`` samples is left out).
+
+        Example:
+
+        >>> import numpy as np
+        >>> from keras_adapt.data import AdaptiveBatchDataset
+        >>> AdaptiveBatchDataset(np.arange(21.0), micro_batch_size=4, num_workers=2, rank=0).samples_per_pass
+        20
+        """
+        return self._pass_length()
 
     @property
     def micro_batch_limit(self):

@@ -1,5 +1,6 @@
 """``fit``: ``model.fit`` from the committed position of an elastic state."""
 
+from keras_adapt.callbacks._common import check_fixed_epochs
 from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
 from keras_adapt.elastic.callbacks import (
     CommitStateCallback,
@@ -93,6 +94,7 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
         raise TypeError(f"data must be a function data(epoch, batch) -> dataset, got {data!r}")
     epochs = _positive("epochs", epochs)
     steps_per_epoch = _positive("steps_per_epoch", steps_per_epoch)
+    check_fixed_epochs(callbacks, "elastic.fit")
     for name in ("initial_epoch", "epochs", "steps_per_epoch"):
         if name in kwargs:
             raise ValueError(f"fit sets {name} of model.fit from the state; do not pass it")

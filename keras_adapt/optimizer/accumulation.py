@@ -28,6 +28,22 @@ class UpdateBoundary:
         # micro-steps already accumulated (a fit that starts mid-update)
         self.pending = 0 if self.accumulation is None else int(self.accumulation.count.numpy())
 
+    def next_completes(self):
+        """Whether the next micro-step will complete an update (nothing is counted).
+
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> from keras_adapt.optimizer import UpdateBoundary
+        >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1),
+        ...                                        backward_passes_per_step=2)
+        >>> boundary = UpdateBoundary(opt)
+        >>> boundary.next_completes(), boundary.step_ended(), boundary.next_completes()
+        (False, False, True)
+        """
+        acc = self.accumulation
+        return acc is None or bool(acc.completes_update(self.pending + 1, acc.steps_value))
+
     def step_ended(self):
         """Whether the micro-step that just ended completed an update."""
         acc = self.accumulation

@@ -12,6 +12,7 @@ from keras_adapt.policies.goodput_batch_size import (
     statistical_efficiency,
 )
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
+from keras_adapt.policies.progress import TrainingProgress
 from keras_adapt.policies.resize import (
     GNSWorkerScalingPolicy,
     ResizePolicy,
@@ -46,5 +47,6 @@ __all__ = [
     "StragglerPolicy",
     "SyncStrategyPolicy",
     "ThroughputScalingPolicy",
+    "TrainingProgress",
     "statistical_efficiency",
 ]

@@ -228,6 +228,11 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self._step_ended()
         self._step_running = True
 
+    def next_step_completes_update(self):
+        """Whether the step about to run completes an optimizer update (False
+        before training; host arithmetic, no variable is read)."""
+        return self._boundary is not None and self._boundary.next_completes()
+
     def _step_ended(self):
         """Accounts for the step that ran before (per step: host arithmetic
         only; the variables are read every ``interval`` updates)."""

@@ -1,9 +1,12 @@
 """BatchSizePolicy: the shared machinery of the batch-size policies."""
 
+import warnings
+
 from keras_adapt.actuators import GlobalBatchSize
 from keras_adapt.policies import scaling_rules
 from keras_adapt.policies._lr_follower import LRFollower
 from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
+from keras_adapt.policies.progress import COUNTS, TrainingProgress
 
 
 class BatchSizePolicy(AdaptationPolicy):
@@ -15,6 +18,22 @@ class BatchSizePolicy(AdaptationPolicy):
     records a ``batch_size`` event and, with a ``scaling_rule``, moves the
     learning rate with it (an ``lr`` event).
 
+    :attr:`progress` (:class:`TrainingProgress`) counts the samples trained
+    and their statistical progress. With ``epoch_end`` the policy also ends
+    ``fit``'s epochs, as AdaptDL does: an epoch ends at the first update
+    after which the count reaches ``(epoch + 1) x samples_per_epoch``.
+    ``"samples"`` makes an epoch one pass over the data whatever the batch;
+    ``"progress"`` makes it one pass's worth of statistical progress, so a
+    run at a batch beyond the noise scale trains on more samples per epoch,
+    and epoch-keyed schedules (``LearningRateScheduleCallback``, Keras'
+    ``LearningRateScheduler``) and ``epochs`` follow the progress
+    unchanged. Give ``fit`` the endless ``ds.dataset`` *without*
+    ``steps_per_epoch`` (a ``steps_per_epoch`` caps every epoch, and a
+    warning says when it ended one early). The policy ends an epoch by
+    setting ``model.stop_training`` for its last step and clears it in its
+    own ``on_epoch_end``: put callbacks that stop training at an epoch's end
+    (``EarlyStopping``) *after* the policy in ``callbacks``.
+
     Args:
         min_batch, max_batch: bounds of the global batch (samples per update).
         dataset: an ``AdaptiveBatchDataset`` feeding ``fit`` (optional).
@@ -24,7 +43,12 @@ class BatchSizePolicy(AdaptationPolicy):
             (``"linear"``, ``"sqrt"``, ``"adascale"``, ``"none"``) or a
             :class:`ScalingRule`.
         base_batch: the global batch the configured learning rate was tuned
-            for (default: the global batch when training begins).
+            for (default: the global batch when training begins); progress
+            is counted in samples at this batch.
+        epoch_end: ``None`` (``fit``'s own epochs), ``"samples"`` or
+            ``"progress"``: end each epoch on that count (see above).
+        samples_per_epoch: the count of one epoch (default with an
+            ``AdaptiveBatchDataset``: one pass, ``dataset.samples_per_pass``).
         interval, log_dir, verbose: see :class:`AdaptationPolicy`.
 
     Example:
@@ -38,7 +62,7 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def __init__(self, min_batch, max_batch, dataset=None, micro_batch_size=None,
                  max_micro_batch_size=None, scaling_rule=None, base_batch=None,
-                 interval=10, log_dir=None, verbose=0):
+                 epoch_end=None, samples_per_epoch=None, interval=10, log_dir=None, verbose=0):
         super().__init__(interval=interval, log_dir=log_dir, verbose=verbose)
         self.min_batch = _check_positive_int("min_batch", min_batch)
         self.max_batch = _check_positive_int("max_batch", max_batch)
@@ -53,6 +77,22 @@ class BatchSizePolicy(AdaptationPolicy):
             _check_positive_int("max_micro_batch_size", max_micro_batch_size)
         if base_batch is not None:
             _check_positive_int("base_batch", base_batch)
+        if epoch_end is not None and epoch_end not in COUNTS:
+            raise ValueError(
+                f"epoch_end={epoch_end!r} is not valid; use None (fit's own epochs), "
+                "'samples' (one pass over the data) or 'progress' (one pass's worth of "
+                "statistical progress)")
+        if samples_per_epoch is not None:
+            _check_positive_int("samples_per_epoch", samples_per_epoch)
+        elif epoch_end is not None and getattr(dataset, "samples_per_pass", None) is None:
+            raise ValueError(
+                f"epoch_end={epoch_end!r} needs the samples of one epoch: pass "
+                "samples_per_epoch=len(x), or dataset=an AdaptiveBatchDataset (one pass)")
+        self.epoch_end = epoch_end
+        self.samples_per_epoch = samples_per_epoch
+        #: Samples trained and their statistical progress (:class:`TrainingProgress`).
+        self.progress = TrainingProgress()
+        self._ending_epoch = False
         self.dataset = dataset
         self.micro_batch_size = micro_batch_size
         self.max_micro_batch_size = max_micro_batch_size
@@ -74,6 +114,7 @@ class BatchSizePolicy(AdaptationPolicy):
         if self.batch.value is None:
             return  # the micro-batch is read from the data at the first step
         self._clamp()
+        self.progress.set_gain(self.batch.value, self.base_batch, values)
 
     def _clamp(self):
         if self.base_batch is None:
@@ -93,6 +134,7 @@ class BatchSizePolicy(AdaptationPolicy):
         self.decide(step, values)
         if self.lr_follower is not None and self.lr_follower.rule.continuous:
             self._follow_lr(values, "gradient statistics changed")
+        self.progress.set_gain(self.batch.value, self.base_batch, values)
 
     def decide(self, step, values):
         """Override: choose a target and call :meth:`change_batch`."""
@@ -109,9 +151,11 @@ class BatchSizePolicy(AdaptationPolicy):
             return None
         self._last_change = self.step
         self.record("batch_size", reason, before, self.batch.state())
+        values = values if values is not None else self.measurements()
         if self.lr_follower is not None:
-            self._follow_lr(values if values is not None else self.measurements(),
-                            f"batch {before['batch_size']} -> {new}")
+            self._follow_lr(values, f"batch {before['batch_size']} -> {new}")
+        if self.base_batch is not None:
+            self.progress.set_gain(new, self.base_batch, values)
         return new
 
     def _follow_lr(self, values, reason):
@@ -120,6 +164,46 @@ class BatchSizePolicy(AdaptationPolicy):
         if change is not None:
             rule = type(self.lr_follower.rule).__name__
             self.record("lr", f"{rule}: {reason}", *change)
+
+    def on_update_end(self):
+        """Counts the update in :attr:`progress`: a subclass that overrides
+        it calls ``super().on_update_end()``."""
+        if self.batch.value is not None:
+            self.progress.add_update(self.batch.value, self.base_batch or self.batch.value)
+
+    # -- epochs on samples or progress ------------------------------------------
+    def epoch_boundary(self, epoch):
+        """The count (samples or progress) at which ``epoch`` ends, or None
+        without ``epoch_end``."""
+        if self.epoch_end is None:
+            return None
+        per_epoch = self.samples_per_epoch or self.dataset.samples_per_pass
+        return float((epoch + 1) * per_epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        super().on_train_batch_begin(batch, logs)
+        if self.epoch_end is None or self.batch.value is None \
+                or not self.next_step_completes_update():
+            return
+        after = self.progress.count_after_update(self.epoch_end, self.batch.value,
+                                                 self.base_batch or self.batch.value)
+        if after >= self.epoch_boundary(self.epoch) and not self.model.stop_training:
+            # Keras ends the epoch after this step; on_epoch_end clears it.
+            self.model.stop_training = True
+            self._ending_epoch = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self._ending_epoch:
+            self._ending_epoch = False
+            self.model.stop_training = False
+        elif self.epoch_end is not None and not self.model.stop_training:
+            warnings.warn(
+                f"{type(self).__name__}: epoch {epoch} ended at "
+                f"{self.epoch_end} {self.progress.count(self.epoch_end):.0f}, before its end at "
+                f"{self.epoch_boundary(epoch):.0f}: fit's steps_per_epoch cut it short. With "
+                f"epoch_end={self.epoch_end!r} give fit no steps_per_epoch.",
+                RuntimeWarning, stacklevel=2)
 
     def log_values(self):
         out = {}
@@ -134,7 +218,8 @@ class BatchSizePolicy(AdaptationPolicy):
     def get_state(self):
         state = super().get_state()
         state.update(batch_size=self.batch.value if self.batch else None,
-                     base_batch=self.base_batch, last_change=self._last_change)
+                     base_batch=self.base_batch, last_change=self._last_change,
+                     training_progress=self.progress.get_state())
         if self.lr_follower is not None:
             lr = self.lr_follower.lr
             state.update(lr_factor=lr.target, progress=lr.progress, gain=lr.gain)
@@ -145,6 +230,7 @@ class BatchSizePolicy(AdaptationPolicy):
         if state.get("base_batch"):
             self.base_batch = int(state["base_batch"])
         self._last_change = state.get("last_change")
+        self.progress.restore(state.get("training_progress", {}))
         if state.get("batch_size"):
             self.batch.set(int(state["batch_size"]))
         if self.lr_follower is not None and "lr_factor" in state:
@@ -159,5 +245,6 @@ class BatchSizePolicy(AdaptationPolicy):
                       micro_batch_size=self.micro_batch_size,
                       max_micro_batch_size=self.max_micro_batch_size,
                       scaling_rule=scaling_rules.serialize(self.scaling_rule),
-                      base_batch=self.base_batch)
+                      base_batch=self.base_batch, epoch_end=self.epoch_end,
+                      samples_per_epoch=self.samples_per_epoch)
         return config

@@ -97,7 +97,6 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         self.sample_budget = (None if sample_budget is None
                               else _check_positive_int("sample_budget", sample_budget))
         self.min_updates_left = _check_positive_int("min_updates_left", min_updates_left)
-        self.samples = 0  # global samples trained so far, counted per update
         self.gns_multiple = _check_float("gns_multiple", gns_multiple, positive=True)
         self.hysteresis = _check_float("hysteresis", hysteresis)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
@@ -106,17 +105,13 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
         self.allow_decrease = allow_decrease
 
-    def on_update_end(self):
-        if self.batch.value is not None:
-            self.samples += self.batch.value
-
     def budget_cap(self):
         """The largest global batch that leaves ``min_updates_left`` updates in
         the sample budget (``max_batch`` without a budget; never below
         ``min_batch``)."""
         if self.sample_budget is None:
             return self.max_batch
-        left = max(0, self.sample_budget - self.samples)
+        left = max(0, self.sample_budget - self.progress.samples)
         return min(self.max_batch, max(self.min_batch, left // self.min_updates_left))
 
     def target_for(self, gns):
@@ -165,18 +160,9 @@ class GNSBatchSizePolicy(BatchSizePolicy):
                       sample_budget=self.sample_budget, min_updates_left=self.min_updates_left)
         return config
 
-    def get_state(self):
-        state = super().get_state()
-        state.update(samples=self.samples)
-        return state
-
-    def restore(self, state):
-        super().restore(state)
-        self.samples = int(state.get("samples", 0))
-
     def _budget_note(self, gns):
         cap = self.budget_cap()
         if cap >= min(self.gns_multiple * gns, self.max_batch):
             return ""
-        left = self.sample_budget - self.samples
+        left = self.sample_budget - self.progress.samples
         return f"; {left} samples left: at most {cap} for {self.min_updates_left} updates"

@@ -191,6 +191,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         super().on_epoch_end(epoch, logs)
 
     def on_update_end(self):
+        super().on_update_end()  # counts the progress
         if self._t_sum > 0.0:
             self._interval_time += self._t_sum
             self._interval_updates += 1

@@ -145,20 +145,43 @@ class AdaScale(ScalingRule):
     uses_progress = True
 
     def factor(self, scale, stats=None, base_batch=None):
-        scale = float(scale)
-        if stats is None or not base_batch:
-            return 1.0
-        mu2 = stats.get("grad_sqr")
-        var = stats.get("grad_var")
-        if mu2 is None or var is None or not (math.isfinite(mu2) and math.isfinite(var)):
-            return 1.0
-        sigma2 = max(var, 0.0) / float(base_batch)
-        mu2 = max(mu2, 0.0)
-        denominator = sigma2 / scale + mu2
-        if denominator <= 0.0:
-            return 1.0
-        return min(max((sigma2 + mu2) / denominator, 1.0), max(scale, 1.0))
+        return adascale_gain(scale, stats, base_batch)
 
+
+def adascale_gain(scale, stats, base_batch):
+    """AdaScale's gain ``r = (sigma^2 + mu^2) / (sigma^2 / s + mu^2)`` for
+    batch scale ``s``, with sigma^2 = ``grad_var`` / ``base_batch`` and
+    mu^2 = ``grad_sqr`` (clipped to [1, s]; 1 without usable statistics).
+
+    It is also the statistical efficiency of the batch ``B = s x B0``
+    against ``B0`` times s: ``r / s = (phi + B0) / (phi + B)`` with the noise
+    scale phi = ``grad_var / grad_sqr`` (Pollux's efficiency), so one update
+    at B makes ``r`` updates' worth of progress at B0 (AdaScale's
+    scale-invariant iterations; :class:`keras_adapt.policies.TrainingProgress`
+    counts it). :class:`AdaScale` scales the learning rate by it.
+
+    Example:
+
+    >>> from keras_adapt.policies.scaling_rules import adascale_gain
+    >>> stats = {"grad_sqr": 1.0, "grad_var": 64.0}      # noise scale 64
+    >>> adascale_gain(4.0, stats, base_batch=32)          # (64 + 32) / (64 + 128) x 4
+    2.0
+    >>> adascale_gain(4.0, {}, base_batch=32)             # nothing measured yet
+    1.0
+    """
+    scale = float(scale)
+    if stats is None or not base_batch:
+        return 1.0
+    mu2 = stats.get("grad_sqr")
+    var = stats.get("grad_var")
+    if mu2 is None or var is None or not (math.isfinite(mu2) and math.isfinite(var)):
+        return 1.0
+    sigma2 = max(var, 0.0) / float(base_batch)
+    mu2 = max(mu2, 0.0)
+    denominator = sigma2 / scale + mu2
+    if denominator <= 0.0:
+        return 1.0
+    return min(max((sigma2 + mu2) / denominator, 1.0), max(scale, 1.0))
 
 RULES = {"none": NoScaling, "linear": LinearScaling, "sqrt": SqrtScaling, "adascale": AdaScale}
 

@@ -6,6 +6,8 @@ Phases (one launch):
   accumulate  GNSBatchSizePolicy through gradient accumulation (k changes)
             plus LRScalingPolicy following it
   goodput   GoodputBatchSizePolicy (host-side timings agreed by allreduce)
+  epochs    GNSBatchSizePolicy(epoch_end="progress") with AdaScale: fit without
+            steps_per_epoch, each epoch one pass's worth of statistical progress
   sync      SyncStrategyPolicy: a scripted rule (LocalSGD H = 2 from 30, H = 4
             from 50, AllReduceSGD from 70) and the default post-local floor
             after a learning-rate decay at 80
@@ -65,7 +67,8 @@ def plain(events):
 
 def run(name, model, policies, fit_kwargs):
     sizes = StepSizes()
-    history = model.fit(callbacks=[BroadcastGlobalVariablesCallback(0), *policies, sizes],
+    after = fit_kwargs.pop("callbacks_after", [])
+    history = model.fit(callbacks=[BroadcastGlobalVariablesCallback(0), *policies, sizes, *after],
                         verbose=0, **fit_kwargs)
     results[name] = {
         "events": [e for p in policies for e in plain(p.events)],
@@ -101,6 +104,40 @@ model = build()
 goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_micro_batch_size=128,
                                  warmup_updates=20, min_change_interval=30, interval=15)
 run("goodput", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
+
+# epochs: the policy ends each epoch on statistical progress (no steps_per_epoch;
+# 2002 samples: the pass is 2002, not a multiple of any batch)
+ds = AdaptiveBatchDataset(x[:2002], y[:2002], micro_batch_size=8, seed=3)
+model = build()
+gns = GNSBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_micro_batch_size=128,
+                         scaling_rule="adascale", warmup_updates=20, min_change_interval=20,
+                         interval=10, epoch_end="progress")
+
+
+class EpochCounts(keras.callbacks.Callback):
+    """Steps per epoch, the policy's progress before every step and at epoch ends."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.before, self.at_end = [], [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.steps.append(0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps[-1] += 1
+        self.before.append(gns.progress.progress)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.at_end.append(gns.progress.progress)
+
+
+counts = EpochCounts()
+run("epochs", model, [gns], dict(x=ds.dataset, epochs=3, callbacks_after=[counts]))
+results["epochs"].update(
+    steps=counts.steps, before=counts.before, at_end=counts.at_end,
+    samples_per_pass=ds.samples_per_pass, samples=gns.progress.samples,
+    tau_x_base=float(model.optimizer.adapt_state.lr_control.progress.numpy()) * gns.base_batch)
 
 # sync: switches at the steps a scripted rule says (strategy and period), then post-local SGD
 class ScriptedSync(SyncStrategyPolicy):

@@ -1,0 +1,237 @@
+"""TrainingProgress and epochs that end on samples or statistical progress (one process).
+
+The analytic cases hold the noise scale fixed: a callback placed before the
+policy writes the same statistics before every step, so everything the
+policy reads is exact, while fit, the data and the optimizer are real.
+"""
+
+import json
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import keras
+import keras_adapt
+from keras_adapt.callbacks import PreemptionCheckpoint
+from keras_adapt.data import AdaptiveBatchDataset
+from keras_adapt.policies import GNSBatchSizePolicy, TrainingProgress, statistical_efficiency
+from keras_adapt.policies.scaling_rules import AdaScale, adascale_gain
+from test_policies import _script_gns
+
+
+def _model(lr=0.05):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(lr), gradient_stats=True),
+                  "mse")
+    return model
+
+
+def _data(n=4096):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 4)).astype("float32")
+    return x, (x.sum(1) + rng.standard_normal(n)).astype("float32")
+
+
+class FixedNoiseScale(keras.callbacks.Callback):
+    """Before every step (and at the start), sets the statistics to report
+    exactly ``gns`` (|G|^2 = 1, tr(Sigma) = gns)."""
+
+    def __init__(self, gns):
+        super().__init__()
+        self.gns = gns
+
+    def on_train_begin(self, logs=None):
+        _script_gns(self.model, self.gns)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        _script_gns(self.model, self.gns)
+
+
+class EpochSteps(keras.callbacks.Callback):
+    """Steps per epoch, and the policy's count before each step and at each epoch end."""
+
+    def __init__(self, policy, what):
+        super().__init__()
+        self.policy, self.what = policy, what
+        self.steps, self.before, self.at_end = [], [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.steps.append(0)
+        self.before.append([])
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps[-1] += 1
+        self.before[-1].append(self.policy.progress.count(self.what))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.at_end.append(self.policy.progress.count(self.what))
+
+
+def _first_update_reaching(boundary, per_update):
+    """The update count at which ``n x per_update`` first reaches ``boundary`` (exact)."""
+    return math.ceil(Fraction(boundary) / Fraction(per_update))
+
+
+def _analytic_steps(boundaries, per_update):
+    ends = [_first_update_reaching(b, per_update) for b in boundaries]
+    return [b - a for a, b in zip([0] + ends, ends)]
+
+
+def test_gain_is_the_batch_times_pollux_efficiency_and_adascale_uses_it():
+    for gns in (1.0, 48.0, 700.0):
+        for base, batch in ((16, 16), (16, 64), (32, 1024)):
+            stats = {"grad_sqr": 2.0, "grad_var": 2.0 * gns}
+            scale = batch / base
+            assert adascale_gain(scale, stats, base) == pytest.approx(
+                scale * statistical_efficiency(batch, base, gns), rel=1e-12)
+            assert AdaScale().factor(scale, stats, base) == adascale_gain(scale, stats, base)
+    assert adascale_gain(4.0, {"grad_sqr": float("nan"), "grad_var": 1.0}, 16) == 1.0
+
+
+def test_progress_counts_samples_and_progress_and_round_trips():
+    p = TrainingProgress()
+    p.set_gain(64, 16, {"grad_sqr": 1.0, "grad_var": 48.0})  # E(64) = 64 / 112
+    assert p.gain == pytest.approx(16 / 7)
+    assert p.count_after_update("progress", 64, 16) == pytest.approx(256 / 7)
+    for _ in range(7):
+        p.add_update(64, 16)
+    assert (p.samples, p.progress) == (448, pytest.approx(256.0))
+    q = TrainingProgress()
+    q.restore(p.get_state())
+    assert q.get_state() == p.get_state()
+
+
+@pytest.mark.parametrize("what", ["progress", "samples"])
+def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what):
+    # B = 64 from B0 = 16 with noise scale 48: each update makes 64 x 64/112
+    # = 256/7 samples' worth of progress; an epoch is 1000 (a remainder:
+    # neither count divides it). The epoch ends at the first update whose
+    # cumulative count reaches 1000 x (epoch + 1).
+    x, y = _data()
+    model = _model()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=64 * n, max_batch=64 * n, base_batch=16 * n,
+                                micro_batch_size=64, epoch_end=what,
+                                samples_per_epoch=1000 * n, interval=10)
+    record = EpochSteps(policy, what)
+    history = model.fit(x, y, batch_size=64, epochs=3, verbose=0,
+                        callbacks=[FixedNoiseScale(48.0), policy, record])
+    per_update = Fraction(256, 7) if what == "progress" else 64
+    expected = _analytic_steps([1000, 2000, 3000], per_update)
+    assert expected == ([28, 27, 28] if what == "progress" else [16, 16, 15])
+    assert record.steps == expected
+    assert len(history.history["loss"]) == 3  # every epoch ran, the last ended training
+    assert policy.progress.samples == 64 * n * sum(expected)
+    assert policy.progress.progress == pytest.approx(n * sum(expected) * 256 / 7, rel=1e-12)
+    for e, boundary in enumerate((1000 * n, 2000 * n, 3000 * n)):
+        assert record.before[e][-1] < boundary <= record.at_end[e]
+
+
+def test_progress_epochs_on_the_endless_stream_without_steps_per_epoch_and_graph_agrees():
+    # The real case: a growing batch through an AdaptiveBatchDataset, real
+    # statistics, fit given no steps_per_epoch. The host's progress equals
+    # AdaScale's in-graph scale-invariant iterations x B0 (the same gains),
+    # every epoch ends at the first update that crosses its boundary, and
+    # the pass has a remainder (2002 samples, micro-batch 16).
+    x, y = _data(2002)
+    n = keras_adapt.size()
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=16, seed=1)
+    model = _model(lr=0.01)
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, dataset=ds,
+                                scaling_rule="adascale", warmup_updates=10,
+                                min_change_interval=10, interval=10, epoch_end="progress")
+    record = EpochSteps(policy, "progress")
+    model.fit(ds.dataset, epochs=3, verbose=0, callbacks=[policy, record])
+    assert any(e["kind"] == "batch_size" for e in policy.events), "the batch never grew"
+    per_pass = ds.samples_per_pass
+    for e in range(3):
+        assert record.before[e][-1] < (e + 1) * per_pass <= record.at_end[e]
+    tau = float(model.optimizer.adapt_state.lr_control.progress.numpy())
+    assert tau * policy.base_batch == pytest.approx(policy.progress.progress, rel=1e-9)
+    assert policy.progress.samples == n * ds.samples
+    # Larger batches make less progress per sample: more samples than passes.
+    assert policy.progress.samples > 3 * per_pass
+
+
+def test_a_resumed_run_ends_its_epochs_where_the_uninterrupted_one_did():
+    x, y = _data()
+    n = keras_adapt.size()
+
+    def policy():
+        return GNSBatchSizePolicy(min_batch=64 * n, max_batch=64 * n, base_batch=16 * n,
+                                  micro_batch_size=64, epoch_end="progress",
+                                  samples_per_epoch=1000 * n, interval=10)
+
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 40:  # inside epoch 1
+                self.model.stop_training = True
+
+    model = _model()
+    first = policy()
+    before = EpochSteps(first, "progress")
+    model.fit(x, y, batch_size=64, epochs=3, verbose=0,
+              callbacks=[FixedNoiseScale(48.0), first, before, StopAt()])
+    assert before.steps == [28, 12]
+    resumed = policy()
+    resumed.set_state(json.loads(json.dumps(first.get_state())))  # as from disk
+    after = EpochSteps(resumed, "progress")
+    model.fit(x, y, batch_size=64, epochs=3, initial_epoch=1, verbose=0,
+              callbacks=[FixedNoiseScale(48.0), resumed, after])
+    assert after.steps == [15, 28]  # 28 + 12 + 15 = 55 and 83, as uninterrupted
+    assert resumed.progress.samples == 64 * n * 83
+
+
+def test_a_callback_after_the_policy_still_stops_training_at_an_epoch_end():
+    x, y = _data()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=64 * n, max_batch=64 * n, micro_batch_size=64,
+                                epoch_end="samples", samples_per_epoch=640 * n)
+
+    class StopAfterFirstEpoch(keras.callbacks.Callback):  # as EarlyStopping would
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+
+    history = _model().fit(x, y, batch_size=64, epochs=5, verbose=0,
+                           callbacks=[policy, StopAfterFirstEpoch()])
+    assert len(history.history["loss"]) == 1
+    assert policy.progress.samples == 640 * n
+
+
+def test_steps_per_epoch_that_cuts_an_epoch_short_warns():
+    x, y = _data()
+    n = keras_adapt.size()
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=16, seed=1)
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=16 * n, dataset=ds,
+                                epoch_end="samples")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _model().fit(ds.dataset, steps_per_epoch=10, epochs=1, verbose=0, callbacks=[policy])
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert any("epoch 0 ended at samples" in m and "give fit no steps_per_epoch" in m
+               for m in messages), messages
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"epoch_end": "pass"}, "epoch_end='pass' is not valid"),
+    ({"epoch_end": "progress"}, "pass samples_per_epoch=len"),
+    ({"epoch_end": "samples", "samples_per_epoch": 0}, "samples_per_epoch=0"),
+])
+def test_bad_epoch_arguments_name_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GNSBatchSizePolicy(min_batch=16, max_batch=64, micro_batch_size=16, **kwargs)
+
+
+def test_the_resuming_fits_refuse_epochs_that_end_on_a_count(tmp_path):
+    policy = GNSBatchSizePolicy(min_batch=16, max_batch=64, micro_batch_size=16,
+                                epoch_end="progress", samples_per_epoch=1000)
+    x, y = _data(256)
+    with pytest.raises(ValueError, match=r"PreemptionCheckpoint.fit resumes epochs of fixed "
+                                         r"steps; GNSBatchSizePolicy\(epoch_end='progress'\)"):
+        PreemptionCheckpoint(tmp_path / "ck").fit(_model(), x, y, batch_size=16,
+                                                  callbacks=[policy])
+
