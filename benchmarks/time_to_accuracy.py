@@ -8,6 +8,7 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
     .venv/bin/python benchmarks/time_to_accuracy.py --tune   # the LR grids
     .venv/bin/python benchmarks/time_to_accuracy.py --tasks digits --configs goodput --repeats 3
     .venv/bin/python benchmarks/time_to_accuracy.py --tasks classification --seeds 0 1 2
+    .venv/bin/python benchmarks/time_to_accuracy.py --configs gns goodput --budget progress
 
 How to read it
 --------------
@@ -67,6 +68,17 @@ starts after the first update, so nobody pays for graph tracing.
   alone: about what it holds at two thirds of its budget, before the decay
   (teacher_student 0.83, digits 0.975);
 * ``final``: test accuracy at the end of the sample budget.
+
+``--budget progress`` runs the policies on AdaptDL's protocol instead: the
+budget counts their statistical progress (``TrainingProgress``: each
+update adds B x E(B) from the measured noise scale against the start
+batch), not their samples. Each policy run is ``fit`` over 10 epochs that
+the policy ends (``epoch_end="progress"``, a tenth of the budget each), the
+LR drops from the 9th, and the run ends with the 10th; so a policy at a
+batch beyond the noise scale trains on more samples than the budget (the
+``passes`` column). The fixed runs keep their sample budget (at a fixed
+batch AdaptDL's epochs are passes). At the start batch progress equals
+samples, so a policy that never grows trains exactly as the small batch.
 
 ``speedup_vs_X`` = wall_X / wall_gns to the target (> 1: the adaptive
 policy is faster; null when one of them never reached it);
@@ -147,6 +159,10 @@ SWEEP_LR_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: accuracy is within this of the best (the issue's +-0.5 pt).
 EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
+#: With ``--budget progress`` a policy's run is this many fit epochs, each a
+#: tenth of the budget's progress, ended by the policy (epoch_end="progress");
+#: the LR drops from epoch DECAY_AT x POLICY_EPOCHS on.
+POLICY_EPOCHS = 10
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
 
 # The policies' settings on every task. GNSBatchSizePolicy runs with the
@@ -281,7 +297,7 @@ def launch(args):
         extra += ["--set", item]
     if args.configs:
         extra += ["--configs", *args.configs]
-    extra += ["--repeats", args.repeats]
+    extra += ["--repeats", args.repeats, "--budget", args.budget]
     t0 = time.perf_counter()
     results = [run_on_workers(__file__, extra + ["--seed", seed], "time_to_accuracy_")
                for seed in args.seeds]
@@ -316,13 +332,16 @@ def report(result, elapsed, curves=False):
         print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
               f"2 workers, Gloo, {seeds}; budget {s['passes']:g} passes of "
               f"{res['train_size']} samples, "
-              f"target {s['target']:.3f}; the policies at the library's defaults")
-        print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'wall':>7s} "
+              f"target {s['target']:.3f}; the policies at the library's defaults, their budget "
+              f"in {result.get('budget', 'samples')}")
+        print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'passes':>6s} {'wall':>7s} "
               f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
         for c, r in runs.items():
             batches = r["batches"]
             span = f"{batches[0]}" if len(set(batches)) == 1 else f"{batches[0]}->{batches[-1]}"
-            print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {r['wall']:6.2f}s "
+            passes = r["samples"] / res["train_size"] if r.get("samples") else None
+            print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {_fmt(passes, '6.2f')} "
+                  f"{r['wall']:6.2f}s "
                   f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
                   f"{r['final']:7.4f}")
         for c, r in runs.items():
@@ -511,7 +530,9 @@ def summary(task, result, res):
     s = res["settings"]
     line.update(
         stack=result["stack"], seed=result["seed"], target=s["target"], passes=s["passes"],
+        budget=result.get("budget", "samples"),
         configs={c: {"lr": r["lr"], "updates": r["updates"], "wall": round(r["wall"], 3),
+                     "samples": r.get("samples"),
                      "updates_to_target": r["updates_to_target"],
                      "wall_to_target": None if r["wall_to_target"] is None
                      else round(r["wall_to_target"], 3),
@@ -554,6 +575,7 @@ def over_seeds(results):
         out.update(final=sum(r["final"] for r in rows) / len(rows),
                    updates=round(sum(r["updates"] for r in rows) / len(rows)),
                    wall=sum(r["wall"] for r in rows) / len(rows),
+                   samples=_mean_or_none([r.get("samples") for r in rows]),
                    wall_to_target=_mean_or_none([r["wall_to_target"] for r in rows]),
                    seeds={"final": [r["final"] for r in rows],
                           "updates_to_target": [r["updates_to_target"] for r in rows]})
@@ -649,6 +671,10 @@ def worker(args):
         def __init__(self, ds, xt, yt, budget, eval_every, target, policy):
             super().__init__()
             self.decay_at = DECAY_AT * budget
+            # With --budget progress the policy ends the epochs: the LR
+            # drops at an epoch and the run ends with the last one.
+            self.by_epochs = policy is not None and policy.epoch_end is not None
+            self.epoch = 0
             self.decayed = False
             self.ds, self.budget, self.eval_every, self.target = ds, budget, eval_every, target
             self.xt, self.yt = tf.constant(xt), yt
@@ -676,6 +702,21 @@ def worker(args):
         def updates(self):
             return int(self.model.optimizer.iterations.numpy())
 
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            if self.by_epochs and epoch >= DECAY_AT * POLICY_EPOCHS:
+                self.decay()  # before the epoch's first update, as after the crossing one
+
+        def decay(self):
+            """Every configuration: LR / 10 for the last part of the budget."""
+            if self.decayed:
+                return
+            self.decayed = True
+            # Keras 3 reads and writes the effective rate, tf.keras 2 the
+            # base rate under the policies' factor: x0.1 either way.
+            opt = self.model.optimizer
+            opt.learning_rate = float(np.asarray(opt.learning_rate)) * DECAY
+
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
             if self.t0 is None:
@@ -687,14 +728,12 @@ def worker(args):
             b = self.global_batch()
             if not self.trajectory or self.trajectory[-1][1] != b:
                 self.trajectory.append((self.updates(), b))
-            done = samples >= self.budget
-            if not self.decayed and samples >= self.decay_at:
-                # every configuration: LR / 10 for the last part of the budget
-                self.decayed = True
-                # Keras 3 reads and writes the effective rate, tf.keras 2 the
-                # base rate under the policies' factor: x0.1 either way.
-                opt = self.model.optimizer
-                opt.learning_rate = float(np.asarray(opt.learning_rate)) * DECAY
+            if self.by_epochs:  # the policy set stop_training for an epoch's last step
+                done = self.model.stop_training and self.epoch == POLICY_EPOCHS - 1
+            else:
+                done = samples >= self.budget
+                if samples >= self.decay_at:
+                    self.decay()
             if samples >= self.next_eval or done:
                 wall = now - self.t0 - self.excluded
                 acc = self.accuracy()
@@ -708,7 +747,7 @@ def worker(args):
                 while self.next_eval <= samples:
                     self.next_eval += self.eval_every
                 self.excluded += time.perf_counter() - now
-            if done:
+            if done and not self.by_epochs:
                 self.model.stop_training = True
 
     def run(name, s, data, config, lr, batch=None):
@@ -735,18 +774,24 @@ def worker(args):
             # Each policy keeps its own (default) learning-rate rule; the GNS
             # policy is told the run's sample budget, as a user would.
             extra = {"sample_budget": budget} if config == "gns" else {}
+            if args.budget == "progress":
+                extra.update(epoch_end="progress", samples_per_epoch=budget // POLICY_EPOCHS)
             cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
                          max_micro_batch_size=s["max_batch"] // workers, **extra, **s[config])
             callbacks.append(policy)
         tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
         callbacks.append(tracker)
-        max_steps = budget // (workers * micro) + 10
-        model.fit(ds.dataset, steps_per_epoch=max_steps, epochs=1, verbose=0,
-                  callbacks=callbacks)
+        if tracker.by_epochs:
+            model.fit(ds.dataset, epochs=POLICY_EPOCHS, verbose=0, callbacks=callbacks)
+        else:
+            max_steps = budget // (workers * micro) + 10
+            model.fit(ds.dataset, steps_per_epoch=max_steps, epochs=1, verbose=0,
+                      callbacks=callbacks)
         last = tracker.curve[-1][:4]
         return {
             "lr": lr, "updates": last[1], "wall": last[2], "final": last[3],
+            "samples": last[0],
             "updates_to_target": tracker.hit and tracker.hit[0],
             "wall_to_target": tracker.hit and tracker.hit[1],
             "batches": [b for _, b in tracker.trajectory],
@@ -760,6 +805,7 @@ def worker(args):
 
     result = {
         "stack": "primary" if _keras.IS_KERAS3 else "legacy", "seed": args.seed,
+        "budget": args.budget,
         "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
     }
     configs = args.configs or CONFIGS
@@ -814,6 +860,10 @@ def main():
                         help="initial weights and order of the training samples: one run of "
                              "everything per seed, reported as the mean over seeds with every "
                              "seed's final accuracy (default 0)")
+    parser.add_argument("--budget", choices=("samples", "progress"), default="samples",
+                        help="what the policies' budget counts: samples, as the fixed runs "
+                             "(default), or statistical progress, AdaptDL's epochs: "
+                             "epoch_end='progress', so a policy may train on more samples")
     parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
                         help="override a task setting, e.g. digits.passes=10")
     args = parser.parse_args()
