@@ -6,7 +6,6 @@ policy reads is exact, while fit, the data and the optimizer are real.
 """
 
 import json
-import math
 import warnings
 from fractions import Fraction
 
@@ -71,13 +70,16 @@ class EpochSteps(keras.callbacks.Callback):
         self.at_end.append(self.policy.progress.count(self.what))
 
 
-def _first_update_reaching(boundary, per_update):
-    """The update count at which ``n x per_update`` first reaches ``boundary`` (exact)."""
-    return math.ceil(Fraction(boundary) / Fraction(per_update))
-
-
-def _analytic_steps(boundaries, per_update):
-    ends = [_first_update_reaching(b, per_update) for b in boundaries]
+def _analytic_steps(boundaries, per_update, first=0, before=16):
+    """Updates per epoch when the first ``first`` updates add ``before`` and
+    the others ``per_update`` (exact): an epoch ends at the first update
+    whose cumulative count reaches its boundary."""
+    ends, count, n = [], Fraction(0), 0
+    for boundary in boundaries:
+        while count < boundary:
+            n += 1
+            count += before if n <= first else Fraction(per_update)
+        ends.append(n)
     return [b - a for a, b in zip([0] + ends, ends)]
 
 
@@ -108,9 +110,11 @@ def test_progress_counts_samples_and_progress_and_round_trips():
 @pytest.mark.parametrize("what", ["progress", "samples"])
 def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what):
     # B = 64 from B0 = 16 with noise scale 48: each update makes 64 x 64/112
-    # = 256/7 samples' worth of progress; an epoch is 1000 (a remainder:
-    # neither count divides it). The epoch ends at the first update whose
-    # cumulative count reaches 1000 x (epoch + 1).
+    # = 256/7 samples' worth of progress, once the policy read the statistics
+    # (after its first interval of 10 updates; before, the gain is 1: 16 per
+    # update); an epoch is 1000 (a remainder: neither count divides it). The
+    # epoch ends at the first update whose cumulative count reaches 1000 x
+    # (epoch + 1).
     x, y = _data()
     model = _model()
     n = keras_adapt.size()
@@ -120,13 +124,17 @@ def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what):
     record = EpochSteps(policy, what)
     history = model.fit(x, y, batch_size=64, epochs=3, verbose=0,
                         callbacks=[FixedNoiseScale(48.0), policy, record])
-    per_update = Fraction(256, 7) if what == "progress" else 64
-    expected = _analytic_steps([1000, 2000, 3000], per_update)
-    assert expected == ([28, 27, 28] if what == "progress" else [16, 16, 15])
+    if what == "progress":
+        expected = _analytic_steps([1000, 2000, 3000], Fraction(256, 7), first=10, before=16)
+        assert expected == [33, 28, 27]
+    else:
+        expected = _analytic_steps([1000, 2000, 3000], 64)
+        assert expected == [16, 16, 15]
     assert record.steps == expected
     assert len(history.history["loss"]) == 3  # every epoch ran, the last ended training
     assert policy.progress.samples == 64 * n * sum(expected)
-    assert policy.progress.progress == pytest.approx(n * sum(expected) * 256 / 7, rel=1e-12)
+    assert policy.progress.progress == pytest.approx(
+        n * (16 * 10 + (sum(expected) - 10) * 256 / 7), rel=1e-12)
     for e, boundary in enumerate((1000 * n, 2000 * n, 3000 * n)):
         assert record.before[e][-1] < boundary <= record.at_end[e]
 
@@ -176,14 +184,16 @@ def test_a_resumed_run_ends_its_epochs_where_the_uninterrupted_one_did():
     before = EpochSteps(first, "progress")
     model.fit(x, y, batch_size=64, epochs=3, verbose=0,
               callbacks=[FixedNoiseScale(48.0), first, before, StopAt()])
-    assert before.steps == [28, 12]
+    assert before.steps == [33, 7]
     resumed = policy()
     resumed.set_state(json.loads(json.dumps(first.get_state())))  # as from disk
     after = EpochSteps(resumed, "progress")
     model.fit(x, y, batch_size=64, epochs=3, initial_epoch=1, verbose=0,
               callbacks=[FixedNoiseScale(48.0), resumed, after])
-    assert after.steps == [15, 28]  # 28 + 12 + 15 = 55 and 83, as uninterrupted
-    assert resumed.progress.samples == 64 * n * 83
+    # 33 + 7 + 21 = 61 and 88, as uninterrupted
+    assert after.steps == [21, 27] and [33, 7 + 21, 27] == _analytic_steps(
+        [1000, 2000, 3000], Fraction(256, 7), first=10, before=16)
+    assert resumed.progress.samples == 64 * n * 88
 
 
 def test_a_callback_after_the_policy_still_stops_training_at_an_epoch_end():

@@ -19,8 +19,8 @@ class UpdateBoundary:
     >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1),
     ...                                        backward_passes_per_step=2)
     >>> boundary = UpdateBoundary(opt)
-    >>> [boundary.step_ended() for _ in range(4)]
-    [False, True, False, True]
+    >>> [boundary.step_ended() for _ in range(4)], boundary.next_completes()
+    ([False, True, False, True], False)
     """
 
     def __init__(self, optimizer):
@@ -29,18 +29,8 @@ class UpdateBoundary:
         self.pending = 0 if self.accumulation is None else int(self.accumulation.count.numpy())
 
     def next_completes(self):
-        """Whether the next micro-step will complete an update (nothing is counted).
-
-        Example:
-
-        >>> import keras, keras_adapt
-        >>> from keras_adapt.optimizer import UpdateBoundary
-        >>> opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1),
-        ...                                        backward_passes_per_step=2)
-        >>> boundary = UpdateBoundary(opt)
-        >>> boundary.next_completes(), boundary.step_ended(), boundary.next_completes()
-        (False, False, True)
-        """
+        """Whether the next micro-step will complete an update (nothing is
+        counted; see the class example)."""
         acc = self.accumulation
         return acc is None or bool(acc.completes_update(self.pending + 1, acc.steps_value))
 

@@ -230,8 +230,16 @@ class AdaptationPolicy(keras.callbacks.Callback):
 
     def next_step_completes_update(self):
         """Whether the step about to run completes an optimizer update (False
-        before training; host arithmetic, no variable is read)."""
+        before training; host arithmetic, no variable is read). Between a
+        step's end and the next step's begin, "the step" is the one that
+        just ran, whose update :meth:`on_update_end` has not yet seen."""
         return self._boundary is not None and self._boundary.next_completes()
+
+    def uncounted_update(self):
+        """Whether the step that ran last completed an update not yet passed to
+        :meth:`on_update_end` (it is, at the next step's begin or the epoch's
+        end): true in a checkpoint taken at a step's end."""
+        return self._step_running and self.next_step_completes_update()
 
     def _step_ended(self):
         """Accounts for the step that ran before (per step: host arithmetic

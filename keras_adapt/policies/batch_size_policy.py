@@ -114,7 +114,6 @@ class BatchSizePolicy(AdaptationPolicy):
         if self.batch.value is None:
             return  # the micro-batch is read from the data at the first step
         self._clamp()
-        self.progress.set_gain(self.batch.value, self.base_batch, values)
 
     def _clamp(self):
         if self.base_batch is None:
@@ -217,9 +216,14 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def get_state(self):
         state = super().get_state()
+        # A checkpoint at a step's end holds that step's update: the
+        # resumed run starts after it and never counts it.
+        pending = None
+        if self.batch is not None and self.batch.value is not None and self.uncounted_update():
+            pending = (self.batch.value, self.base_batch or self.batch.value)
         state.update(batch_size=self.batch.value if self.batch else None,
                      base_batch=self.base_batch, last_change=self._last_change,
-                     training_progress=self.progress.get_state())
+                     training_progress=self.progress.get_state(pending))
         if self.lr_follower is not None:
             lr = self.lr_follower.lr
             state.update(lr_factor=lr.target, progress=lr.progress, gain=lr.gain)

@@ -70,9 +70,14 @@ class TrainingProgress:
             return float(self.samples + int(batch))
         return self.progress + float(base_batch) * self.gain
 
-    def get_state(self):
-        """The counts (JSON-able), for a checkpoint."""
-        return {"samples": self.samples, "progress": self.progress, "gain": self.gain}
+    def get_state(self, pending=None):
+        """The counts (JSON-able), for a checkpoint; ``pending=(batch,
+        base_batch)`` includes one more update, which ran and is not counted yet."""
+        samples, progress = self.samples, self.progress
+        if pending is not None:
+            samples += int(pending[0])
+            progress = self.count_after_update("progress", *pending)
+        return {"samples": samples, "progress": progress, "gain": self.gain}
 
     def restore(self, state):
         """Continues from :meth:`get_state` (missing keys keep their values)."""
