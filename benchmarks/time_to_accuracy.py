@@ -540,7 +540,8 @@ def summary(task, result, res):
                      "wall_to_target_runs": [None if w is None else round(w, 3)
                                              for w in r.get("wall_to_target_runs", [])],
                      "same_decisions": r.get("same_decisions"),
-                     "batch_trajectory": r["trajectory"]}
+                     "batch_trajectory": r["trajectory"],
+                     **({"seeds": r["seeds"]} if "seeds" in r else {})}
                  for c, r in runs.items()},
     )
     return line

@@ -199,6 +199,7 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
                                                         round(1500 / 280, 3)]
     assert line["speedup_vs_best_fixed"] == round(4.5 / 0.9, 3)
     assert line["speedup_vs_small"] is None  # the small batch missed the target once
+    assert line["configs"]["gns"]["seeds"] == gns["seeds"]  # every seed's, in the JSON line
     # what the report prints for it: the means, every seed's comparison, the line
     capsys.readouterr()
     bench.report(merged, 1.0)
