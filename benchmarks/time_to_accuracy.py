@@ -541,7 +541,9 @@ def summary(task, result, res):
                                              for w in r.get("wall_to_target_runs", [])],
                      "same_decisions": r.get("same_decisions"),
                      "batch_trajectory": r["trajectory"],
-                     **({"seeds": r["seeds"]} if "seeds" in r else {})}
+                     **({"seeds": r["seeds"]} if "seeds" in r else {}),
+                     **({"trajectory_runs": r["trajectory_runs"]}
+                        if r.get("same_decisions") is False else {})}
                  for c, r in runs.items()},
     )
     return line

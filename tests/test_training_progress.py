@@ -222,7 +222,7 @@ def test_steps_per_epoch_that_cuts_an_epoch_short_warns():
         warnings.simplefilter("always")
         _model().fit(ds.dataset, steps_per_epoch=10, epochs=1, verbose=0, callbacks=[policy])
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert any("epoch 0 ended at samples" in m and "give fit no steps_per_epoch" in m
+    assert any("epoch 0 ended at samples" in m and "give fit an endless stream and no steps_per_epoch" in m
                for m in messages), messages
 
 

@@ -200,8 +200,9 @@ class BatchSizePolicy(AdaptationPolicy):
             warnings.warn(
                 f"{type(self).__name__}: epoch {epoch} ended at "
                 f"{self.epoch_end} {self.progress.count(self.epoch_end):.0f}, before its end at "
-                f"{self.epoch_boundary(epoch):.0f}: fit's steps_per_epoch cut it short. With "
-                f"epoch_end={self.epoch_end!r} give fit no steps_per_epoch.",
+                f"{self.epoch_boundary(epoch):.0f}: fit's steps_per_epoch (or the end of the "
+                f"data) cut it short. With epoch_end={self.epoch_end!r} give fit an endless "
+                "stream and no steps_per_epoch.",
                 RuntimeWarning, stacklevel=2)
 
     def log_values(self):
