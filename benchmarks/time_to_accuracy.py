@@ -79,6 +79,9 @@ batch beyond the noise scale trains on more samples than the budget (the
 ``passes`` column). The fixed runs keep their sample budget (at a fixed
 batch AdaptDL's epochs are passes). At the start batch progress equals
 samples, so a policy that never grows trains exactly as the small batch.
+The GNS policy gets no ``sample_budget`` there (it refuses one on progress
+epochs: an update adds at most B_simple + B0 progress, so the end of the
+schedule keeps its updates without the budget's cap).
 
 ``speedup_vs_X`` = wall_X / wall_gns to the target (> 1: the adaptive
 policy is faster; null when one of them never reached it);
@@ -774,11 +777,13 @@ def worker(args):
         budget = int(s["passes"] * len(x))
         policy = None
         if adaptive:
-            # Each policy keeps its own (default) learning-rate rule; the GNS
-            # policy is told the run's sample budget, as a user would.
-            extra = {"sample_budget": budget} if config == "gns" else {}
+            # Each policy keeps its own (default) learning-rate rule. On the
+            # sample budget the GNS policy is told it, as a user would; on
+            # progress epochs there is no budget in samples (and no cap).
             if args.budget == "progress":
-                extra.update(epoch_end="progress", samples_per_epoch=budget // POLICY_EPOCHS)
+                extra = {"epoch_end": "progress", "samples_per_epoch": budget // POLICY_EPOCHS}
+            else:
+                extra = {"sample_budget": budget} if config == "gns" else {}
             cls = GNSBatchSizePolicy if config == "gns" else GoodputBatchSizePolicy
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
                          max_micro_batch_size=s["max_batch"] // workers, **extra, **s[config])

@@ -230,6 +230,8 @@ def test_steps_per_epoch_that_cuts_an_epoch_short_warns():
     ({"epoch_end": "pass"}, "epoch_end='pass' is not valid"),
     ({"epoch_end": "progress"}, "pass samples_per_epoch=len"),
     ({"epoch_end": "samples", "samples_per_epoch": 0}, "samples_per_epoch=0"),
+    ({"epoch_end": "progress", "samples_per_epoch": 100, "sample_budget": 1000},
+     r"sample_budget=1000 caps the batch by samples.*Pass sample_budget=None"),
 ])
 def test_bad_epoch_arguments_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):

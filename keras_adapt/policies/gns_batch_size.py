@@ -39,7 +39,11 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     al.); when the budget is loose that buys time for free, when it is
     tight the run ends under-trained, with too few updates left for the end
     of its schedule. The cap only limits growth: by itself it never shrinks
-    the batch.
+    the batch. On progress epochs (``epoch_end="progress"``) there is no
+    budget in samples and no cap is needed: an update adds at most
+    ``B_simple + base_batch`` progress at any batch, so the end of the
+    schedule always keeps ``progress left / (B_simple + base_batch)``
+    updates; a ``sample_budget`` there is refused.
 
     The defaults were chosen on ``benchmarks/time_to_accuracy.py`` (see
     docs/policies.md, "When adaptive batch size pays off"): the batch goes
@@ -64,7 +68,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             the first decision (independent of ``stats_interval``).
         allow_decrease: also shrink the batch when the noise scale falls.
         sample_budget: global training samples of the whole run (None: no
-            budget, the batch follows the noise scale up to ``max_batch``).
+            budget, the batch follows the noise scale up to ``max_batch``);
+            not with ``epoch_end="progress"``.
         min_updates_left: updates the budget must still hold at the new
             batch (>= 1; default 300, see docs/policies.md).
         scaling_rule: how the learning rate follows the batch (default
@@ -96,6 +101,13 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
         self.sample_budget = (None if sample_budget is None
                               else _check_positive_int("sample_budget", sample_budget))
+        if self.sample_budget is not None and self.epoch_end == "progress":
+            raise ValueError(
+                f"sample_budget={sample_budget} caps the batch by samples, but with "
+                "epoch_end='progress' the run's length is its statistical progress, and every "
+                "update adds at most (noise scale + base batch) of it, whatever the batch: "
+                "the end of the schedule keeps its updates without a cap. Pass "
+                "sample_budget=None, or epoch_end='samples' to keep a budget in samples")
         self.min_updates_left = _check_positive_int("min_updates_left", min_updates_left)
         self.gns_multiple = _check_float("gns_multiple", gns_multiple, positive=True)
         self.hysteresis = _check_float("hysteresis", hysteresis)
