@@ -235,11 +235,35 @@ class ThroughputFit:
     _scale: np.ndarray = dataclasses.field(repr=False, compare=False)
     _mask: np.ndarray = dataclasses.field(repr=False, compare=False)
 
-    def predict_step_time(self, batch_size, workers=1, accumulation=1):
+    @property
+    def fitted(self):
+        """Whether the fit has parameters: a usable fit, or one refused on
+        its errors (``reason`` says why) that :meth:`predict_step_time` can
+        still evaluate with ``tentative=True``. False when too few
+        configurations were observed to solve for any.
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=0, min_observations=1)
+        >>> _ = model.observe(32, 0.01)
+        >>> model.fit().fitted
+        False
+        """
+        return self.params is not None
+
+    def predict_step_time(self, batch_size, workers=1, accumulation=1, tentative=False):
         """Predicted seconds of one update at ``(b, N, k)``, as a :class:`Prediction`.
 
+        With ``tentative=True`` a fit that is not usable but :attr:`fitted`
+        predicts too: its parameters are the least-squares estimate from what
+        was observed, not yet shown to beat the constant model (the goodput
+        policy lets such an estimate veto an optimistic guess, never make a
+        move by itself).
+
         Raises ``RuntimeError`` when the fit is not usable (the reason is in
-        the message) and ``ValueError`` for a multi-worker configuration
+        the message; with ``tentative``, when it has no parameters) and
+        ``ValueError`` for a multi-worker configuration
         whose synchronisation cost is unknown (no multi-worker configuration
         was observed, or all observations ran at another single worker
         count; the observed count itself is predicted) or when the
@@ -254,11 +278,17 @@ class ThroughputFit:
         ...     _ = model.observe(b, 0.001 + 2e-4 * b)
         >>> round(model.fit().predict_step_time(100).value, 6)
         0.021
+        >>> model = ThroughputModel(warmup=0, min_observations=2, repeats=True)
+        >>> for t32, t64 in ((0.010, 0.012), (0.014, 0.011)):   # two noisy repeats each
+        ...     _, _ = model.observe(32, t32), model.observe(64, t64)
+        >>> fit = model.fit()   # means 12 and 11.5 ms: no measurable slope
+        >>> fit.usable, round(fit.predict_step_time(128, tentative=True).value, 4)
+        (False, 0.0105)
         """
         b = _check_count("batch_size", batch_size, "the per-worker micro-batch")
         n = _check_count("workers", workers, "the worker count")
         k = _check_count("accumulation", accumulation, "the micro-steps per update")
-        if not self.usable:
+        if not (self.usable or (tentative and self.fitted)):
             raise RuntimeError(f"the throughput model is not usable: {self.reason}")
         x = np.array(design_row(b, n, k))
         determined = _in_row_space(x / self._scale * self._mask, self._row_space)

@@ -125,19 +125,60 @@ def test_the_uncertainty_of_the_fit_holds_a_move_back():
     assert _attached(model, hysteresis=threshold - 1, confidence=0.0).choose(32, gns=1e6).batch == 64
 
 
-def test_a_refused_fit_is_not_used_and_step_times_count_as_flat():
+def test_a_refused_fit_only_caps_the_flat_guess():
     # Step times that do not depend on the batch (+-1%): the fit does not
-    # beat the constant model, so the policy ignores it.
+    # beat the constant model, so it is not usable; its estimate (the
+    # least-squares line through the six batches) may only lower the gain.
     model = ThroughputModel(warmup=0, min_observations=1)
-    for i, b in enumerate((32, 64, 128, 256, 512, 1024)):
-        model.observe(b, 0.008 * (1 + 0.01 * (-1) ** i))
+    times = {b: 0.008 * (1 + 0.01 * (-1) ** i) for i, b in enumerate((32, 64, 128, 256, 512, 1024))}
+    for b, t in times.items():
+        model.observe(b, t)
     fit = model.fit()
-    assert not fit.usable and "does not beat the constant model" in fit.reason
-    policy = _attached(model)
-    c = policy.choose(32, gns=300.0)
-    # E(64) = 332/364 = 0.912: gain 2 x 0.912 = 1.824, by efficiency alone
-    assert (c.batch, c.step_times) == (64, "flat") and "x1.824" in c.reason
+    assert not fit.usable and fit.fitted and "does not beat the constant model" in fit.reason
+    # the estimate is the relative least-squares line: minimise sum((1 - (a + b x) / t)^2)
+    rows = np.array([[1.0 / t, b / t] for b, t in times.items()])
+    a, slope = np.linalg.lstsq(rows, np.ones(6), rcond=None)[0]
+    assert fit.predict_step_time(64, tentative=True).value == pytest.approx(a + 64 * slope)
+    with pytest.raises(RuntimeError, match="not usable"):
+        fit.predict_step_time(64)  # only on request
+    c = _attached(model).choose(32, gns=300.0)
+    # E(64) = 332/364 = 0.912: flat gain 2 x 0.912 = 1.824; the estimate's
+    # (slightly rising) times lower it
+    flat = 2 * statistical_efficiency(64, 32, 300.0)
+    gain = min(flat, flat * (a + 32 * slope) / (a + 64 * slope))
+    assert (c.batch, c.step_times) == (64, "tentative") and f"x{gain:.3f}" in c.reason
     assert c.fit_reason == fit.reason
+
+
+def test_an_estimate_not_yet_significant_vetoes_a_move_it_contradicts():
+    # The compute-bound case: 32 and 64 about equal, 128 clearly slower,
+    # but three noisy repeats each, so the times differ from a constant by
+    # fewer than 4 standard errors and the fit is refused. Flat step times
+    # would double (gns 1e6: E ~ 1, gain 2.0); the estimate says 256 costs
+    # far more than twice 128's time per sample, and the batch stays.
+    model = ThroughputModel(warmup=0, statistic="mean", repeats=True)
+    reps = {32: (0.007, 0.010, 0.013), 64: (0.008, 0.011, 0.014), 128: (0.020, 0.024, 0.028)}
+    for b, ts in reps.items():
+        for t in ts:
+            model.observe(b, t)
+    fit = model.fit()
+    assert not fit.usable and fit.fitted and fit.evidence == "repeats", fit.reason
+    # the estimate: weighted least squares, weights 1 / se^2 of each batch's mean
+    x = np.array(sorted(reps))
+    mean = np.array([np.mean(reps[b]) for b in x])
+    se = np.array([np.std(reps[b], ddof=1) / np.sqrt(3) for b in x])
+    slope, a = np.polyfit(x, mean, 1, w=1.0 / se)
+    t128, t256 = a + 128 * slope, a + 256 * slope
+    assert fit.predict_step_time(256, tentative=True).value == pytest.approx(t256, rel=1e-9)
+    e128, e256 = (statistical_efficiency(m, 32, 1e6) for m in (128, 256))
+    flat = 2 * e256 / e128
+    assert flat > 1.25 >= flat * t128 / t256  # flat says up, the estimate says no
+    c = _attached(model).choose(128, gns=1e6)
+    assert (c.batch, c.step_times) == (128, "tentative")
+    assert f"goodput x{flat * t128 / t256:.3f} at 256 <= 1.25" in c.reason
+    # nor does the estimate move the batch down on its own: at 256 the
+    # halving's gain is the smaller of the flat one (< 1) and the estimate's
+    assert _attached(model).choose(256, gns=1e6).batch == 256
 
 
 def test_two_batches_and_their_repeats_price_the_next_doubling():

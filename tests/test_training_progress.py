@@ -107,8 +107,17 @@ def test_progress_counts_samples_and_progress_and_round_trips():
     assert q.get_state() == p.get_state()
 
 
-@pytest.mark.parametrize("what", ["progress", "samples"])
-def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what):
+class OwnUpdateHook(GNSBatchSizePolicy):
+    """Overrides on_update_end without calling super(): the count must not depend on it."""
+
+    def on_update_end(self):
+        self.hooked = getattr(self, "hooked", 0) + 1
+
+
+@pytest.mark.parametrize("what, cls", [("progress", GNSBatchSizePolicy),
+                                       ("samples", GNSBatchSizePolicy),
+                                       ("progress", OwnUpdateHook)])
+def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what, cls):
     # B = 64 from B0 = 16 with noise scale 48: each update makes 64 x 64/112
     # = 256/7 samples' worth of progress, once the policy read the statistics
     # (after its first interval of 10 updates; before, the gain is 1: 16 per
@@ -118,9 +127,8 @@ def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what):
     x, y = _data()
     model = _model()
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=64 * n, max_batch=64 * n, base_batch=16 * n,
-                                micro_batch_size=64, epoch_end=what,
-                                samples_per_epoch=1000 * n, interval=10)
+    policy = cls(min_batch=64 * n, max_batch=64 * n, base_batch=16 * n, micro_batch_size=64,
+                 epoch_end=what, samples_per_epoch=1000 * n, interval=10)
     record = EpochSteps(policy, what)
     history = model.fit(x, y, batch_size=64, epochs=3, verbose=0,
                         callbacks=[FixedNoiseScale(48.0), policy, record])
@@ -137,6 +145,8 @@ def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what):
         n * (16 * 10 + (sum(expected) - 10) * 256 / 7), rel=1e-12)
     for e, boundary in enumerate((1000 * n, 2000 * n, 3000 * n)):
         assert record.before[e][-1] < boundary <= record.at_end[e]
+    if cls is OwnUpdateHook:
+        assert policy.hooked == sum(expected)  # the override still runs once per update
 
 
 def test_progress_epochs_on_the_endless_stream_without_steps_per_epoch_and_graph_agrees():

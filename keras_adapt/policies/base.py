@@ -249,10 +249,15 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self._step_running = False
         if not self._boundary.step_ended():
             return
+        self._count_update()
         self.on_update_end()
         self._updates_since += 1
         if self._updates_since >= self.interval:
             self._adapt_now()
+
+    def _count_update(self):
+        """The framework's own accounting of a completed update, before
+        :meth:`on_update_end` (which subclasses override freely)."""
 
     def _adapt_now(self):
         self._updates_since = 0

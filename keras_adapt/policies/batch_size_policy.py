@@ -164,9 +164,8 @@ class BatchSizePolicy(AdaptationPolicy):
             rule = type(self.lr_follower.rule).__name__
             self.record("lr", f"{rule}: {reason}", *change)
 
-    def on_update_end(self):
-        """Counts the update in :attr:`progress`: a subclass that overrides
-        it calls ``super().on_update_end()``."""
+    def _count_update(self):
+        # Here, not in on_update_end, so an override cannot skip it.
         if self.batch.value is not None:
             self.progress.add_update(self.batch.value, self.base_batch or self.batch.value)
 

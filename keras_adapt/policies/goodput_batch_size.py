@@ -33,8 +33,10 @@ class GoodputChoice:
         batch: the global batch to move to (the current one: no change).
         reason: why, in one sentence (the ``batch_size`` event's reason).
         step_times: ``"model"`` when the step times came from a usable
-            throughput fit, ``"flat"`` when the policy took them as equal
-            (the fit was not usable; ``fit_reason`` says why).
+            throughput fit; ``"tentative"`` when the fit was not usable but
+            had parameters, so its estimate capped the flat guess;
+            ``"flat"`` when the policy took them as equal (no fit yet;
+            ``fit_reason`` says why).
         fit_reason: the throughput fit's own ``reason``.
 
     Example:
@@ -68,14 +70,19 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     * **step times**: from the throughput fit, with its standard errors,
       when the fit is usable (from two batches on: the default model fits
       from the repeats of each batch's intervals until a held-out error is
-      possible); otherwise (one batch so far, or a fit that does not beat
-      the constant model: the step time does not measurably depend on the
-      batch) the step time is taken
-      as the same at every batch (``"flat"``). Flat is what a refused fit
-      measured; before the fit is usable it is the optimistic guess that
-      lets the policy try the next batch, and growth of one doubling per
-      decision bounds what a wrong guess costs: the new batch is measured,
-      and once the fit is usable it can say "go back";
+      possible; ``"model"``). Before that the step time is taken as the
+      same at every batch (``"flat"``): the optimistic guess that lets the
+      policy try the next batch; growth of one doubling per decision bounds
+      what a wrong guess costs, the new batch is measured, and once the fit
+      is usable it can say "go back". But once two batches were measured,
+      a fit that is not usable yet still has an estimate (the least-squares
+      one, not yet shown to beat the constant model), and the guess never
+      exceeds it: the gain is the smaller of the flat one and the
+      estimate's (``"tentative"``). So the estimate can veto a move, never
+      make one. Without the veto, whether a move happened depended on
+      whether the fit had just passed its significance test, which timing
+      noise decides: on a compute-bound task the same seed grew 128 -> 256
+      in some runs and not in others (docs/policies.md);
     * **up** to 2M when E(2M) >= ``min_efficiency`` and 2M's goodput beats
       M's by more than ``hysteresis`` even at the pessimistic end of the
       step times' uncertainty (each step time ``confidence`` standard
@@ -99,8 +106,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     rate rule (AdaScale's gain) in step with the batch, and gives the
     throughput model each batch on the way as a configuration to fit.
     Decisions are quantised (powers of two), use only the agreed noise
-    scale while the step times are flat, and need a gain beyond the
-    model's uncertainty otherwise: timing noise does not flip them.
+    scale while the step times are flat, need a gain beyond the model's
+    uncertainty once it is usable, and before that a gain that the
+    measured times do not contradict: timing noise near the fit's
+    significance test does not flip them.
 
     Args:
         min_batch, max_batch: bounds of the global batch.
@@ -191,7 +200,6 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         super().on_epoch_end(epoch, logs)
 
     def on_update_end(self):
-        super().on_update_end()  # counts the progress
         if self._t_sum > 0.0:
             self._interval_time += self._t_sum
             self._interval_updates += 1
@@ -209,12 +217,13 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
                                           accumulation=self.batch.accumulation.steps)
 
     # -- deciding -----------------------------------------------------------
-    def _step_time(self, batch, fit):
+    def _step_time(self, batch, fit, tentative=False):
         """Predicted seconds of one update at ``batch``: ``(value, std)``, or
         None when the fit refuses the configuration."""
         b, k = self.batch.plan(batch)
         try:
-            p = fit.predict_step_time(b, workers=self.batch.workers, accumulation=k)
+            p = fit.predict_step_time(b, workers=self.batch.workers, accumulation=k,
+                                      tentative=tentative)
         except ValueError:
             return None
         return p.value, p.std
@@ -224,18 +233,22 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         batch ``current`` with noise scale ``gns`` and throughput ``fit``
         (default: the policy's model's current fit)."""
         fit = self.throughput_model.fit() if fit is None else fit
-        flat = not fit.usable
-        kind = "flat" if flat else "model"
+        kind = "model" if fit.usable else "tentative" if fit.fitted else "flat"
         eff = {m: statistical_efficiency(m, self.min_batch, gns) for m in self.candidates()}
         eff[current] = statistical_efficiency(current, self.min_batch, gns)
-        now_t = (1.0, 0.0) if flat else self._step_time(current, fit)
+        now_t = None if kind == "flat" else self._step_time(current, fit, kind == "tentative")
 
         def pessimistic_gain(m):
             """m's goodput over the current one's, step times against the move."""
-            t = (1.0, 0.0) if flat else self._step_time(m, fit)
+            ratio = (m * eff[m]) / (current * eff[current])  # flat step times
+            if kind == "flat":
+                return ratio
+            t = self._step_time(m, fit, kind == "tentative")
+            if kind == "tentative":  # the estimate may only lower the flat guess
+                return ratio if t is None or now_t is None else min(ratio, ratio * now_t[0] / t[0])
             if t is None or now_t is None:
                 return None
-            ratio = (m * eff[m] / t[0]) / (current * eff[current] / now_t[0])
+            ratio *= now_t[0] / t[0]
             return ratio / (1.0 + self.confidence * (t[1] / t[0] + now_t[1] / now_t[0]))
 
         def stay(reason):
@@ -280,7 +293,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         choice = self.choose(current, gns)
         if choice.batch != current:
             reason = choice.reason
-            if choice.step_times == "flat":
+            if choice.step_times != "model":
                 reason += f"; throughput fit not usable: {choice.fit_reason}"
             if self.change_batch(choice.batch, reason, values) is not None:
                 self._interval_time, self._interval_updates = 0.0, 0
