@@ -561,8 +561,9 @@ def over_seeds(results):
     configuration, or a batch and rate of the sweep), the mean final
     accuracy, updates and wall times over the seeds, and to the target the
     mean only when every seed reached it (else None); every seed's final
-    accuracy and updates to the target in ``seeds``. The trajectory and
-    curve are the first seed's.
+    accuracy and updates to the target in ``seeds`` (for repeated policy
+    runs also each seed's ``same_decisions`` and ``trajectory_runs``). The
+    trajectory and curve are the first seed's.
 
     >>> one = lambda seed, final, upd: {"stack": "primary", "versions": "v", "seed": seed,
     ...     "tasks": {"t": {"settings": {}, "train_size": 10, "sweep": [], "runs": {"small": {
@@ -590,6 +591,8 @@ def over_seeds(results):
         if "trajectory_runs" in out:  # the repeats of every seed
             out["same_decisions"] = all(r["same_decisions"] for r in rows)
             out["wall_to_target_runs"] = [w for r in rows for w in r["wall_to_target_runs"]]
+            out["seeds"].update(same_decisions=[r["same_decisions"] for r in rows],
+                                trajectory_runs=[r["trajectory_runs"] for r in rows])
         return out
 
     merged = dict(results[0], seed=[r["seed"] for r in results], tasks={})

@@ -189,6 +189,9 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     assert gns["wall_to_target"] == pytest.approx(0.9)
     assert gns["wall_to_target_runs"] == [1.0, 0.8, 0.9]
     assert gns["seeds"]["final"] == [0.862, 0.867, 0.864]
+    # each seed's repeats and whether they agreed, not only the first seed's
+    assert gns["seeds"]["same_decisions"] == [True] * 3
+    assert gns["seeds"]["trajectory_runs"] == [[[[1, 32], [51, 128]]]] * 3
     line = bench.summary("ts", merged, res)
     # the best fixed on the means: 64 (within 0.5 pt of the small batch's
     # 0.868, which did not reach the target with every seed)
