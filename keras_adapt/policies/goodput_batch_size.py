@@ -108,8 +108,11 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     Decisions are quantised (powers of two), use only the agreed noise
     scale while the step times are flat, need a gain beyond the model's
     uncertainty once it is usable, and before that a gain that the
-    measured times do not contradict: timing noise near the fit's
-    significance test does not flip them.
+    measured times do not contradict. Timing noise still flips some: a
+    usable fit is priced at the pessimistic end of its uncertainty, one
+    not yet usable at its estimate, so a fit that passes its test in one
+    run and not in another can decide differently (docs/policies.md,
+    "It is not stable yet").
 
     Args:
         min_batch, max_batch: bounds of the global batch.
