@@ -241,8 +241,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         eff[current] = statistical_efficiency(current, self.min_batch, gns)
         now_t = None if kind == "flat" else self._step_time(current, fit, kind == "tentative")
 
-        def pessimistic_gain(m):
-            """m's goodput over the current one's, step times against the move."""
+        def goodput_gain(m):
+            """m's goodput over the current one's: flat; tentative (the
+            estimate may only lower the flat guess); or from a usable model,
+            its step times ``confidence`` standard errors against the move."""
             ratio = (m * eff[m]) / (current * eff[current])  # flat step times
             if kind == "flat":
                 return ratio
@@ -264,7 +266,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             if eff[current] < self.min_efficiency / threshold:
                 return GoodputChoice(down, f"efficiency {eff[current]:.3f} at {current} < "
                                      f"{self.min_efficiency:g} (gns {gns:.1f})", kind, fit.reason)
-            gain = pessimistic_gain(down)
+            gain = goodput_gain(down)
             if gain is not None and gain > threshold:
                 return GoodputChoice(down, f"goodput x{gain:.3f} at {down} (pessimistic, "
                                      f"{kind} step times; gns {gns:.1f})", kind, fit.reason)
@@ -275,7 +277,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         if eff[up] < self.min_efficiency:
             return stay(f"efficiency {eff[up]:.3f} at {up} < {self.min_efficiency:g} "
                         f"(gns {gns:.1f})")
-        gain = pessimistic_gain(up)
+        gain = goodput_gain(up)
         if gain is None:
             return stay(f"the throughput fit cannot predict {up}")
         if gain <= threshold:
