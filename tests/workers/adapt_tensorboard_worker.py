@@ -10,6 +10,7 @@ adapt/sync_strategy series must show.
 Writes <out>/rank<r>.json with what each rank saw.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

@@ -14,6 +14,7 @@ Phases (all in one launch, to keep the suite fast):
            estimates vs truth; then set_interval(1) without a retrace
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

@@ -18,6 +18,7 @@ stops that worker. Each process that finishes writes
 host), its position and the policy's events.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

@@ -46,6 +46,7 @@ that leaves on a signal ends at once), and one that finishes writes
 <out>/final_<pid>.json.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

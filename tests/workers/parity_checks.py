@@ -17,6 +17,7 @@ which each rank can regenerate) and records measured and expected values:
               writes), load_model of the checkpoint
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

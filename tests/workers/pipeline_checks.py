@@ -10,6 +10,7 @@ shuffle -> prefetch. Phases (one launch):
               fail on both ranks with a clear error instead of diverging
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

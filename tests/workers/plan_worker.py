@@ -8,6 +8,7 @@ workers, batch sizes and noise scale, the policy the batch_size events.
 Writes <out>/rank<r>.json with the configurations each rank ran.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

@@ -15,6 +15,7 @@ Each phase records its events (without wall time), the final weights, the
 batch-size trajectory and the micro-batch every step actually used.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

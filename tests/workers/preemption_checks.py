@@ -14,6 +14,7 @@ Each state: iterations, weights, optimizer variables, keras-adapt variables,
 data position, the callback's timing and the flag-check cost.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

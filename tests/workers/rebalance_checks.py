@@ -14,6 +14,7 @@ Phases:
              ([48, 16], the same global batch), against the data's own truth
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

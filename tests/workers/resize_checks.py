@@ -8,6 +8,7 @@ Each rank gets its own target file (<out>/<phase>_target_rank<r>): only
 rank 0 may write one. Events go to <out>/<phase>_logs (rank 0 writes).
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

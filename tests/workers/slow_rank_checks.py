@@ -9,6 +9,7 @@ alike. Records every step's host time (the first step of each block left
 out) and the monitor's measurements. Writes <out>/rank<r>.json.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

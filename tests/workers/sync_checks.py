@@ -19,6 +19,7 @@ Phases (all in one launch, to keep the suite fast):
               AllReduceSGD and LocalSGD, and the wall time of each fit
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os

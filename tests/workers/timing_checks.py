@@ -8,6 +8,7 @@ environment (KERAS_ADAPT_COLLECTIVE_DELAY_MS, KERAS_ADAPT_SLOW_RANK) is set
 by the test. Writes <out>/rank<r>.json.
 """
 
+import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
 import argparse
 import json
 import os
