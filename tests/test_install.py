@@ -47,8 +47,6 @@ def test_packages_import_from_the_installed_wheel():
 
 def test_every_module_of_the_checkout_imports_from_the_wheel():
     # The checkout's modules, found by file; each must come from the wheel.
-    import importlib
-
     expected = []
     for package, root in (("keras_adapt", CHECKOUT),
                           ("tensorboard_plugin_adapt", os.path.join(CHECKOUT, "plugins"))):
