@@ -258,8 +258,8 @@ class ThroughputFit:
         With ``tentative=True`` a fit that is not usable but :attr:`fitted`
         predicts too: its parameters are the least-squares estimate from what
         was observed, not yet shown to beat the constant model (the goodput
-        policy lets such an estimate veto an optimistic guess, never make a
-        move by itself).
+        policy prices it by the rule it uses for a usable fit, which counts
+        a difference only beyond the prediction's standard errors).
 
         Raises ``RuntimeError`` when the fit is not usable (the reason is in
         the message; with ``tentative``, when it has no parameters) and

@@ -13,7 +13,7 @@ import keras
 import keras_adapt
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.perf_model import ThroughputModel
-from keras_adapt.policies import GoodputBatchSizePolicy, statistical_efficiency
+from keras_adapt.policies import GoodputBatchSizePolicy, statistical_efficiency, step_time_ratio
 from test_policies import _drive, _model
 
 
@@ -104,9 +104,19 @@ def test_a_usable_fit_prices_the_step_times():
     assert (c.batch, c.step_times) == (256, "model") and "x1.785" in c.reason
 
 
-def test_the_uncertainty_of_the_fit_holds_a_move_back():
-    # Noisy step times: a nominal gain above the threshold that the
-    # predictions' standard errors do not support keeps the batch.
+def _shrunk_gain(flat, t_now, t_then, confidence=2.0):
+    """The rule, computed from the two predictions: the log step-time
+    ratio drawn toward 0 by ``confidence`` times the sum of their relative
+    standard errors, 0 within it."""
+    log_ratio = np.log(t_now.value / t_then.value)
+    margin = confidence * (t_now.relative_std + t_then.relative_std)
+    return flat * np.exp(np.sign(log_ratio) * max(0.0, abs(log_ratio) - margin))
+
+
+def test_uncertainty_draws_the_price_toward_flat_not_against_the_move():
+    # Noisy step times, rising with the batch: the estimate prices 64 at
+    # x1.242 of 32's goodput; its standard errors allow flatter times, so
+    # the price counts only the part of the rise beyond 2 of them.
     rng = np.random.default_rng(5)
     model = ThroughputModel(warmup=0, min_observations=1)
     for b in (32, 64, 96, 128, 192, 256):
@@ -114,21 +124,29 @@ def test_the_uncertainty_of_the_fit_holds_a_move_back():
     fit = model.fit()
     assert fit.usable
     t32, t64 = fit.predict_step_time(32), fit.predict_step_time(64)
-    e32, e64 = 1.0, statistical_efficiency(64, 32, 1e6)
-    nominal = (64 * e64 / t64.value) / (32 * e32 / t32.value)
-    pessimistic = nominal / (1 + 2.0 * (t64.relative_std + t32.relative_std))
-    threshold = (nominal * pessimistic) ** 0.5  # between the two
-    assert 1.0 < pessimistic < threshold < nominal  # the case this test is about
+    flat = 2 * statistical_efficiency(64, 32, 1e6)
+    nominal = flat * t32.value / t64.value
+    drawn = _shrunk_gain(flat, t32, t64)
+    assert 1.0 < nominal < drawn < flat  # the case this test is about
+    threshold = (nominal * drawn) ** 0.5  # between the two
     policy = _attached(model, hysteresis=threshold - 1)
-    assert policy.choose(32, gns=1e6).batch == 32
-    # with confidence 0 the nominal gain decides
-    assert _attached(model, hysteresis=threshold - 1, confidence=0.0).choose(32, gns=1e6).batch == 64
+    assert step_time_ratio(t32, t64) == pytest.approx(drawn / flat, rel=1e-12)
+    c = policy.choose(32, gns=1e6)
+    assert (c.batch, c.step_times) == (64, "model") and f"goodput x{drawn:.3f}" in c.reason
+    # with confidence 0 the estimate itself decides: below the threshold
+    c = _attached(model, hysteresis=threshold - 1, confidence=0.0).choose(32, gns=1e6)
+    assert c.batch == 32 and f"goodput x{nominal:.3f} at 64" in c.reason
+    # a confidence that covers the whole rise leaves the flat price
+    big = abs(np.log(t64.value / t32.value)) / (t32.relative_std + t64.relative_std) + 0.01
+    assert step_time_ratio(t32, t64, confidence=big) == 1.0
+    assert _attached(model, confidence=big).choose(32, gns=1e6).reason.startswith(f"goodput x{flat:.3f}")
 
 
-def test_a_refused_fit_only_caps_the_flat_guess():
+def test_a_refused_fit_within_its_errors_prices_nothing():
     # Step times that do not depend on the batch (+-1%): the fit does not
     # beat the constant model, so it is not usable; its estimate (the
-    # least-squares line through the six batches) may only lower the gain.
+    # least-squares line through the six batches) is within its errors of
+    # flat, so the price is exactly the flat one.
     model = ThroughputModel(warmup=0, min_observations=1)
     times = {b: 0.008 * (1 + 0.01 * (-1) ** i) for i, b in enumerate((32, 64, 128, 256, 512, 1024))}
     for b, t in times.items():
@@ -138,24 +156,43 @@ def test_a_refused_fit_only_caps_the_flat_guess():
     # the estimate is the relative least-squares line: minimise sum((1 - (a + b x) / t)^2)
     rows = np.array([[1.0 / t, b / t] for b, t in times.items()])
     a, slope = np.linalg.lstsq(rows, np.ones(6), rcond=None)[0]
-    assert fit.predict_step_time(64, tentative=True).value == pytest.approx(a + 64 * slope)
+    t32, t64 = (fit.predict_step_time(b, tentative=True) for b in (32, 64))
+    assert t64.value == pytest.approx(a + 64 * slope)
+    assert t32.value != t64.value  # an estimate, but within its errors:
+    assert abs(np.log(t32.value / t64.value)) < 2 * (t32.relative_std + t64.relative_std)
     with pytest.raises(RuntimeError, match="not usable"):
         fit.predict_step_time(64)  # only on request
+    assert step_time_ratio(t32, t64) == 1.0
     c = _attached(model).choose(32, gns=300.0)
-    # E(64) = 332/364 = 0.912: flat gain 2 x 0.912 = 1.824; the estimate's
-    # (slightly rising) times lower it
-    flat = 2 * statistical_efficiency(64, 32, 300.0)
-    gain = min(flat, flat * (a + 32 * slope) / (a + 64 * slope))
-    assert (c.batch, c.step_times) == (64, "tentative") and f"x{gain:.3f}" in c.reason
+    flat = 2 * statistical_efficiency(64, 32, 300.0)  # E(64) = 332/364: x1.824
+    assert (c.batch, c.step_times) == (64, "tentative") and f"x{flat:.3f}" in c.reason
     assert c.fit_reason == fit.reason
 
 
-def test_an_estimate_not_yet_significant_vetoes_a_move_it_contradicts():
+def _weighted_line(reps):
+    """Independent of the library: the weighted least-squares line through
+    the batches' mean times (weights 1 / se^2 of each mean), its covariance
+    scaled up by chi-square per degree of freedom when that exceeds 1, and a
+    function giving the prediction and its standard error at a batch."""
+    x = np.array(sorted(reps), dtype=float)
+    mean = np.array([np.mean(reps[b]) for b in sorted(reps)])
+    se = np.array([np.std(reps[b], ddof=1) / np.sqrt(len(reps[b])) for b in sorted(reps)])
+    (slope, a), cov = np.polyfit(x, mean, 1, w=1.0 / se, cov="unscaled")
+    chi2 = float(np.sum(((mean - (a + slope * x)) / se) ** 2))
+    cov = cov * max(1.0, chi2 / (len(x) - 2))
+
+    def at(b):
+        row = np.array([b, 1.0])
+        return a + slope * b, float(np.sqrt(row @ cov @ row))
+    return at
+
+
+def test_an_extrapolation_within_its_errors_is_priced_flat():
     # The compute-bound case: 32 and 64 about equal, 128 clearly slower,
-    # but three noisy repeats each, so the times differ from a constant by
-    # fewer than 4 standard errors and the fit is refused. Flat step times
-    # would double (gns 1e6: E ~ 1, gain 2.0); the estimate says 256 costs
-    # far more than twice 128's time per sample, and the batch stays.
+    # three noisy repeats each, so the fit is refused. Its estimate for 256
+    # rests on a line that does not fit the three (32 = 64 < 128), and its
+    # errors cover the difference: the price is flat (x2.00) and the batch
+    # grows to be measured there.
     model = ThroughputModel(warmup=0, statistic="mean", repeats=True)
     reps = {32: (0.007, 0.010, 0.013), 64: (0.008, 0.011, 0.014), 128: (0.020, 0.024, 0.028)}
     for b, ts in reps.items():
@@ -163,22 +200,18 @@ def test_an_estimate_not_yet_significant_vetoes_a_move_it_contradicts():
             model.observe(b, t)
     fit = model.fit()
     assert not fit.usable and fit.fitted and fit.evidence == "repeats", fit.reason
-    # the estimate: weighted least squares, weights 1 / se^2 of each batch's mean
-    x = np.array(sorted(reps))
-    mean = np.array([np.mean(reps[b]) for b in x])
-    se = np.array([np.std(reps[b], ddof=1) / np.sqrt(3) for b in x])
-    slope, a = np.polyfit(x, mean, 1, w=1.0 / se)
-    t128, t256 = a + 128 * slope, a + 256 * slope
-    assert fit.predict_step_time(256, tentative=True).value == pytest.approx(t256, rel=1e-9)
-    e128, e256 = (statistical_efficiency(m, 32, 1e6) for m in (128, 256))
-    flat = 2 * e256 / e128
-    assert flat > 1.25 >= flat * t128 / t256  # flat says up, the estimate says no
+    line = _weighted_line(reps)
+    for b in (128, 256):
+        p = fit.predict_step_time(b, tentative=True)
+        assert (p.value, p.std) == pytest.approx(line(b), rel=1e-9)
+    (t128, s128), (t256, s256) = line(128), line(256)
+    assert np.log(t256 / t128) < 2 * (s128 / t128 + s256 / t256)  # within the errors
+    flat = 2 * statistical_efficiency(256, 32, 1e6) / statistical_efficiency(128, 32, 1e6)
     c = _attached(model).choose(128, gns=1e6)
-    assert (c.batch, c.step_times) == (128, "tentative")
-    assert f"goodput x{flat * t128 / t256:.3f} at 256 <= 1.25" in c.reason
-    # nor does the estimate move the batch down on its own: at 256 the
-    # halving's gain is the smaller of the flat one (< 1) and the estimate's
-    assert _attached(model).choose(256, gns=1e6).batch == 256
+    assert (c.batch, c.step_times) == (256, "tentative") and f"goodput x{flat:.3f} at 256" in c.reason
+    # at 256 (not measured) the same: neither down to 128 nor a brake on 512
+    c = _attached(model).choose(256, gns=1e6)
+    assert c.batch == 512 and "goodput x1.999 at 512" in c.reason
 
 
 def test_two_batches_and_their_repeats_price_the_next_doubling():
@@ -193,15 +226,20 @@ def test_two_batches_and_their_repeats_price_the_next_doubling():
     assert model.fit().usable and model.fit().evidence == "repeats"
     var32, var64 = 0.0002 ** 2 / 3, 0.0003 ** 2 / 3
     rel = np.sqrt(4 * var32 + 9 * var64) / 0.0225 + np.sqrt(var64) / 0.0163  # 0.03590
-    e64, e128 = statistical_efficiency(64, 32, 1e6), statistical_efficiency(128, 32, 1e6)
-    nominal = (128 * e128 / 0.0225) / (64 * e64 / 0.0163)  # 1.4488
-    for confidence, batch in ((2.0, 128), (6.0, 64)):
-        gain = nominal / (1 + confidence * rel)  # 1.3517 at 2; 1.1920 at 6
+    log_ratio = np.log(0.0225 / 0.0163)  # 0.3224: 128 costs 1.38x 64's time
+    flat = 2 * statistical_efficiency(128, 32, 1e6) / statistical_efficiency(64, 32, 1e6)
+    for confidence in (0.0, 2.0, 6.0):
+        gain = flat * np.exp(-(log_ratio - confidence * rel))  # 1.4488, 1.5567, 1.7974
         c = _attached(model, confidence=confidence).choose(64, gns=1e6)
-        assert (c.batch, c.step_times) == (batch, "model"), c.reason
+        assert (c.batch, c.step_times) == (128, "model"), c.reason
         assert f"x{gain:.3f}" in c.reason
-    # flat step times would have said 2 x E(128)/E(64) = 2.0: up, whatever the confidence
-    assert _attached(ThroughputModel(), confidence=6.0).choose(64, gns=1e6).batch == 128
+    # a hysteresis between the estimate's and the drawn price: only the
+    # uncertainty (confidence 2) makes the move
+    assert _attached(model, confidence=0.0, hysteresis=0.5).choose(64, gns=1e6).batch == 64
+    assert _attached(model, confidence=2.0, hysteresis=0.5).choose(64, gns=1e6).batch == 128
+    # no fit: flat, 2 x E(128)/E(64)
+    c = _attached(ThroughputModel()).choose(64, gns=1e6)
+    assert (c.batch, c.step_times) == (128, "flat") and f"x{flat:.3f}" in c.reason
 
 
 @pytest.mark.primary_only  # numpy only, 100 fits

@@ -10,6 +10,7 @@ from keras_adapt.policies.goodput_batch_size import (
     GoodputBatchSizePolicy,
     GoodputChoice,
     statistical_efficiency,
+    step_time_ratio,
 )
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
 from keras_adapt.policies.progress import TrainingProgress
@@ -49,4 +50,5 @@ __all__ = [
     "ThroughputScalingPolicy",
     "TrainingProgress",
     "statistical_efficiency",
+    "step_time_ratio",
 ]
