@@ -33,8 +33,7 @@ def step_time_ratio(now, then, confidence=2.0):
     added, and 0 when it is within that margin: a difference the
     measurements cannot resolve counts as none, and one they can counts
     only beyond its uncertainty. ``now`` and ``then`` are
-    :class:`keras_adapt.perf_model.Prediction` objects (or anything with
-    ``value`` and ``std``).
+    :class:`keras_adapt.perf_model.Prediction` objects.
 
     Example:
 
@@ -49,7 +48,7 @@ def step_time_ratio(now, then, confidence=2.0):
     1.0
     """
     log_ratio = math.log(now.value / then.value)
-    margin = confidence * (now.std / now.value + then.std / then.value)
+    margin = confidence * (now.relative_std + then.relative_std)
     return math.exp(math.copysign(max(0.0, abs(log_ratio) - margin), log_ratio))
 
 
