@@ -182,6 +182,100 @@ def test_policy_and_accumulation_state_survive_a_preemption(tmp_path):
     _assert_same(_state(resumed), _state(full), atol=1e-6)
 
 
+def test_a_periodic_checkpoint_at_an_epochs_last_step_resumes_at_the_next_epoch(tmp_path):
+    # 12 steps per epoch, a checkpoint every 12 updates: each falls on an
+    # epoch's last step and is stored as the next epoch's start, after the
+    # epoch's end callbacks (before: "epoch 0, step 12", which no resume took).
+    x, y = _data()
+    full = _model()
+    PreemptionCheckpoint(tmp_path / "full", exit_code=None, save_freq=None).fit(
+        full, x, y, batch_size=8, epochs=3, verbose=0)
+    first = PreemptionCheckpoint(tmp_path / "ck", exit_code=None, save_freq=12, log_dir=tmp_path)
+    first.fit(_model(), x, y, batch_size=8, epochs=2, verbose=0)  # then the machine is lost
+    assert [os.path.basename(p) for p in first.checkpoints()] == ["ckpt-12", "ckpt-24"]
+    assert first.position() == (2, 0)
+    assert [(e["step"], e["after"]["epoch"], e["after"]["step_in_epoch"])
+            for e in events.read_events(str(tmp_path))] == [(12, 1, 0), (24, 2, 0)]
+    resumed = _model(seed=7)
+    history = PreemptionCheckpoint(tmp_path / "ck", exit_code=None, save_freq=12).fit(
+        resumed, x, y, batch_size=8, epochs=3, verbose=0)
+    assert history.epoch == [2]
+    _assert_same(_state(resumed), _state(full), atol=1e-6)
+
+class _EpochEnds(keras.callbacks.Callback):
+    """``(epoch, optimizer updates, learning rate, progress)`` at every epoch end."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy, self.ends = policy, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        opt = self.model.optimizer
+        self.ends.append((epoch, int(opt.iterations.numpy()),
+                          round(float(np.array(opt.learning_rate)), 8),
+                          self.policy.progress.count("progress")))
+
+
+def _progress_run(ckdir, callbacks=(), epochs=4):
+    """Batch 4, 8 from epoch 1, 12 from epoch 2 (micro-batch 4: accumulation
+    2 and 3), epochs of one pass's worth of progress (the noise scale
+    measured every update enters each update's progress), the rate / 2 at
+    epoch 3; returns the model, the epoch ends and the checkpoint callback."""
+    from keras_adapt.policies import ScheduledBatchSizePolicy
+
+    x, y = _data()
+    model = _model()
+    data = keras_adapt.data.AdaptiveBatchDataset(x, y, micro_batch_size=4, seed=0)
+    policy = ScheduledBatchSizePolicy({1: 8, 2: 12}, dataset=data, micro_batch_size=4,
+                                      max_micro_batch_size=4, epoch_end="progress")
+    ends = _EpochEnds(policy)
+    halve = keras.callbacks.LearningRateScheduler(lambda e, lr: 0.01 if e < 3 else 0.005)
+    ckpt = PreemptionCheckpoint(ckdir, exit_code=None, check_interval=1)
+    ckpt.fit(model, data, epochs=epochs, verbose=0,
+             callbacks=[policy, halve, ends, *callbacks])
+    return model, ends.ends, ckpt, policy
+
+
+@pytest.fixture(scope="module")
+def progress_full(tmp_path_factory):
+    """The uninterrupted run of :func:`_progress_run`."""
+    model, ends, _, policy = _progress_run(tmp_path_factory.mktemp("full"))
+    return _state(model), ends, policy.progress.count("progress")
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_last_step"])
+def test_progress_epochs_resume_and_end_where_the_uninterrupted_run_ends_them(
+        tmp_path, progress_full, where):
+    full_state, full_ends, full_progress = progress_full
+    # Epochs end on the policy's count, not on steps: one pass of 100
+    # samples is 25 updates at the base batch 4, where progress = samples;
+    # each later epoch ends at the first update whose progress reaches the
+    # next multiple of 100 (an update at batch B adds at most B).
+    assert [e for e, *_ in full_ends] == [0, 1, 2, 3] and full_ends[0][1] == 25
+    for epoch, _, _, count in full_ends:
+        assert 100 * (epoch + 1) <= count < 100 * (epoch + 1) + 12
+    assert full_ends[-1][3] == full_progress
+    assert [lr for _, _, lr, _ in full_ends] == [0.01, 0.01, 0.01, 0.005]
+    updates = [u for _, u, _, _ in full_ends]
+    # SIGTERM mid-epoch 1, or after the update that ends epoch 1
+    at = updates[0] + 5 if where == "mid_epoch" else updates[1]
+    model, ends, ckpt, _ = _progress_run(tmp_path, [_SignalAt(at)])
+    assert ckpt.preempted and int(model.optimizer.iterations.numpy()) == at
+    if where == "mid_epoch":
+        assert ckpt.position() == (1, 5 * 2)  # 5 updates of 2 micro-steps into epoch 1
+        assert ends[0] == full_ends[0] and ends[1][:3] == (1, at, 0.01)  # fit ended it there
+        assert ends[1][3] < 200.0
+    else:
+        # the epoch ended, its end callbacks ran, then the checkpoint: epoch 2 next
+        assert ckpt.position() == (2, 0) and ends == full_ends[:2]
+    model, ends, _, policy = _progress_run(tmp_path)
+    assert [e["kind"] for e in policy.events][0] == "resume"
+    # every later epoch ends at the update, the rate and the progress of the
+    # uninterrupted run
+    assert ends == full_ends[1 if where == "mid_epoch" else 2:]
+    _assert_same(_state(model), full_state, atol=1e-6)
+
+
 def test_bad_arguments_and_inputs_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="max_to_keep=0"):
         PreemptionCheckpoint(tmp_path, max_to_keep=0)

@@ -12,10 +12,34 @@ def check_interval(interval, what):
         )
 
 
+def epoch_ender(callbacks):
+    """The callback among ``callbacks`` that ends ``fit``'s epochs itself (a
+    batch-size policy with ``epoch_end``), or None; a ``ValueError`` when
+    several would.
+
+    Example:
+
+    >>> from keras_adapt.callbacks._common import epoch_ender
+    >>> from keras_adapt.policies import GNSBatchSizePolicy
+    >>> epoch_ender([GNSBatchSizePolicy(16, 64, micro_batch_size=16)]) is None
+    True
+    >>> policy = GNSBatchSizePolicy(16, 64, micro_batch_size=16, epoch_end="samples",
+    ...                             samples_per_epoch=1000)
+    >>> epoch_ender([policy]) is policy
+    True
+    """
+    enders = [cb for cb in callbacks if getattr(cb, "epoch_end", None) is not None]
+    if len(enders) > 1:
+        names = ", ".join(f"{type(cb).__name__}(epoch_end={cb.epoch_end!r})" for cb in enders)
+        raise ValueError(f"{len(enders)} callbacks end the epochs on their counts ({names}); "
+                         "give epoch_end to one of them and None to the others")
+    return enders[0] if enders else None
+
+
 def check_fixed_epochs(callbacks, caller):
     """Raises a ``ValueError`` when a callback ends ``fit``'s epochs itself
-    (a batch-size policy with ``epoch_end``): ``caller`` resumes epochs by
-    their steps, which such epochs do not have.
+    (:func:`epoch_ender`): ``caller`` resumes epochs by their steps, which
+    such epochs do not have.
 
     Example:
 
@@ -27,14 +51,14 @@ def check_fixed_epochs(callbacks, caller):
     >>> check_fixed_epochs([policy], "fit")
     Traceback (most recent call last):
     ...
-    ValueError: fit resumes epochs of fixed steps; GNSBatchSizePolicy(epoch_end='samples') ends them on its count. Use epoch_end=None there, or model.fit.
+    ValueError: fit resumes epochs of fixed steps; GNSBatchSizePolicy(epoch_end='samples') ends them on its count. Use epoch_end=None there (fit's own epochs).
     """
-    for cb in callbacks:
-        end = getattr(cb, "epoch_end", None)
-        if end is not None:
-            raise ValueError(
-                f"{caller} resumes epochs of fixed steps; {type(cb).__name__}(epoch_end="
-                f"{end!r}) ends them on its count. Use epoch_end=None there, or model.fit.")
+    cb = epoch_ender(callbacks)
+    if cb is not None:
+        raise ValueError(
+            f"{caller} resumes epochs of fixed steps; {type(cb).__name__}(epoch_end="
+            f"{cb.epoch_end!r}) ends them on its count. Use epoch_end=None there (fit's own "
+            "epochs).")
 
 
 class CachedLogs(keras.callbacks.Callback):

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd, events
-from keras_adapt.callbacks._common import check_fixed_epochs
+from keras_adapt.callbacks._common import epoch_ender
 from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
@@ -70,7 +70,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     newest readable checkpoint on every rank (all ranks must see
     ``directory``), falls back to the previous one with a warning naming a
     damaged one, and runs the rest of the interrupted epoch, then the next
-    epochs, skipping the micro-batches already trained on. Events:
+    epochs, skipping the micro-batches already trained on. A batch-size
+    policy among the callbacks may end the epochs on its own count
+    (``epoch_end="samples"`` or ``"progress"``): its count is in the
+    checkpoint, so the resumed run ends every epoch at the update where the
+    uninterrupted run ends it. Events:
     ``preemption`` when the workers stop, ``checkpoint`` per periodic save,
     ``resume`` when a run restarts from a checkpoint.
 
@@ -156,6 +160,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._step_in_epoch = 0
         self._steps_per_epoch = 0
         self._steps_since_check = 0
+        self._ender = None  # the callback that ends the epochs on its count, if any
+        self._stopping = False  # agreed to stop, at an update boundary
+        self._save_at_epoch_end = False  # a periodic save due at the epoch's last step
         self._schedule = CheckInterval(check_interval, self.deadline_s)
         self._boundary = None  # which micro-step completes an update
         self._timer = None
@@ -241,8 +248,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         through one (each worker takes its share, order seeded by ``seed``,
         identical on every rank): the inputs whose position can be saved and
         restored. This callback is added after ``callbacks``; the policies
-        among them have their state saved and restored. Returns a ``History``
-        of the epochs this call ran.
+        among them have their state saved and restored. With a batch-size
+        policy whose ``epoch_end`` is set among them, that policy ends the
+        epochs (one ``model.fit`` over the endless stream) and the resumed
+        epoch ends on its restored count. Returns a ``History`` of the
+        epochs this call ran.
         """
         if "steps_per_epoch" in fit_kwargs or "initial_epoch" in fit_kwargs:
             raise ValueError("PreemptionCheckpoint.fit sets steps_per_epoch and initial_epoch "
@@ -262,14 +272,14 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self.preempted, self.signal_to_disk_s = False, None
         self._dataset = data
         callbacks = list(callbacks)
-        check_fixed_epochs(callbacks, "PreemptionCheckpoint.fit")
+        self._ender = epoch_ender(callbacks)
         self._policy_list = _policies(callbacks)
         found = self.latest()
         epoch, step = (0, 0) if found is None else (found[1]["epoch"], found[1]["step_in_epoch"])
         if found is not None:
             self._pending = found
         spe = self._steps_per_epoch = data.steps_per_epoch
-        if step >= spe:
+        if self._ender is None and step >= spe:
             raise ValueError(f"checkpoint {found[0]} is at step {step} of epoch {epoch}, but an "
                              f"epoch of this data has {spe} steps; resume with the same data "
                              "and batch size")
@@ -277,6 +287,12 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         run = callbacks + [self]
         # The stream is shuffled already (Keras would warn that it ignores shuffle).
         fit_kwargs["shuffle"] = False
+        if self._ender is not None:  # the policy ends each epoch on its count
+            self._offset = step
+            if epoch < epochs:
+                histories.append(model.fit(data.dataset, initial_epoch=epoch, epochs=epochs,
+                                           callbacks=run, **fit_kwargs))
+            return histories[-1] if histories else keras.callbacks.History()
         if step > 0 and epoch < epochs:  # the rest of the interrupted epoch
             self._offset = step
             histories.append(model.fit(data.dataset, steps_per_epoch=spe - step,
@@ -443,6 +459,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                 "ckpt.fit(model, x, y, ...) instead of model.fit(..., callbacks=[ckpt])")
         self._signals.clear()
         self._saved.clear()
+        self._stopping = False
+        self._save_at_epoch_end = False
         self._steps_since_check = 0
         self._schedule.start()
         self._boundary = UpdateBoundary(self.model.optimizer)
@@ -467,18 +485,29 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         boundary = self._boundary.step_ended()
         self._steps_since_check += 1
         if boundary and self.periodic_due(self._step()):
-            self._periodic(self._epoch, self._step_in_epoch)
+            if self._last_step_of_epoch():  # as "epoch E+1, step 0", after the epoch's end
+                self._save_at_epoch_end = True
+            else:
+                self._periodic(self._epoch, self._step_in_epoch)
         if self._steps_since_check < self._schedule.interval and not self.preempted:
             return
         self._steps_since_check = 0
         if not self.preempted:
             self.preempted = self._agree()
         if self.preempted and boundary:
+            self._stopping = True
             self.model.stop_training = True
-            if self._step_in_epoch < self._steps_per_epoch:
+            if not self._last_step_of_epoch():
                 self._stop(self._epoch, self._step_in_epoch, self._signals.signalled,
                            self._schedule.interval)
-            # else: the epoch's last step; on_epoch_end saves after the epoch-end callbacks
+            # else: on_epoch_end saves after the epoch-end callbacks
+
+    def _last_step_of_epoch(self):
+        """Whether the step that just ended is its epoch's last: the policy
+        that ends the epochs says so, else the epoch's steps are done."""
+        if self._ender is not None:
+            return self._ender.ending_epoch
+        return self._step_in_epoch >= self._steps_per_epoch
 
     def _agree(self):
         """The one collective per check (:meth:`CheckInterval.agree`): which
@@ -486,11 +515,18 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         return bool(self._schedule.agree(self._signals))
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.preempted:
-            if self.model.stop_training and not self._saved.is_set():
+        periodic, self._save_at_epoch_end = self._save_at_epoch_end, False
+        # Stopping: agreed at an update boundary, or another callback ends
+        # the fit at this epoch's end.
+        if self._stopping or (self.preempted and self.model.stop_training):
+            if not self._saved.is_set():
                 self._stop(epoch + 1, 0, self._signals.signalled, self._schedule.interval)
+            # A policy that ended this epoch cleared the flag in its on_epoch_end.
+            self.model.stop_training = True
             return
-        if self.save_freq == "epoch":
+        if self.preempted:  # agreed, but the update in progress has not ended
+            return
+        if self.save_freq == "epoch" or periodic:
             self._periodic(epoch + 1, 0)
 
     def periodic_due(self, updates):

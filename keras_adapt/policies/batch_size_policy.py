@@ -178,6 +178,20 @@ class BatchSizePolicy(AdaptationPolicy):
         per_epoch = self.samples_per_epoch or self.dataset.samples_per_pass
         return float((epoch + 1) * per_epoch)
 
+    @property
+    def ending_epoch(self):
+        """True from the begin of the step after which this policy ends the
+        epoch (``epoch_end``) until its ``on_epoch_end``: that step is the
+        epoch's last.
+
+        Example:
+
+        >>> from keras_adapt.policies import GNSBatchSizePolicy
+        >>> GNSBatchSizePolicy(16, 64, micro_batch_size=16).ending_epoch
+        False
+        """
+        return self._ending_epoch
+
     def on_train_batch_begin(self, batch, logs=None):
         super().on_train_batch_begin(batch, logs)
         if self.epoch_end is None or self.batch.value is None \
