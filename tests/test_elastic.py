@@ -452,6 +452,69 @@ def test_fit_resumes_mid_epoch_and_the_state_round_trips_keras_adapt_state():
     assert state.lr == pytest.approx(lr, rel=1e-6)
 
 
+def _progress_epochs_run(reset_at=None):
+    """elastic.fit, one process: batch 4, 8 from epoch 1, 12 from epoch 2
+    (micro-batch 4), epochs of one pass's worth of progress; with
+    ``reset_at``, training fails after that update and restarts from the
+    last commit, as ``elastic.run`` does after a failure. Returns the epoch
+    ends ``(epoch, updates, progress)``, the final weights and the updates
+    trained in all."""
+    import keras
+
+    from keras_adapt import elastic
+    from keras_adapt.data import AdaptiveBatchDataset
+    from keras_adapt.policies import ScheduledBatchSizePolicy
+
+    class Failure(Exception):
+        pass
+
+    x, y = _data(100)
+    model = _model(stats_interval=1)
+    data = AdaptiveBatchDataset(x, y, micro_batch_size=4, seed=0)
+    policy = ScheduledBatchSizePolicy({1: 8, 2: 12}, dataset=data, micro_batch_size=4,
+                                      max_micro_batch_size=4, epoch_end="progress")
+    state = elastic.KerasState(model, policies=[policy], dataset=data)
+    ends, trained = [], []
+
+    def on_epoch_end(epoch, logs):
+        ends.append((epoch, int(model.optimizer.iterations.numpy()),
+                     policy.progress.count("progress")))
+
+    def on_batch_end(batch, logs):
+        updates = int(model.optimizer.iterations.numpy())
+        if not trained or trained[-1] != updates:
+            trained.append(updates)
+        if updates == reset_at and len(trained) == updates:  # the first time only
+            raise Failure
+
+    callbacks = [policy, _Lambda(on_epoch_end=on_epoch_end, on_train_batch_end=on_batch_end),
+                 elastic.CommitStateCallback(state, batches_per_commit=3)]
+    try:
+        elastic.fit(state, data, epochs=4, callbacks=callbacks, verbose=0)
+    except Failure:
+        state.restore()
+        restored = int(model.optimizer.iterations.numpy())
+        assert restored < reset_at and (state.epoch, ends[-1][0]) == (1, 0)
+        elastic.fit(state, data, epochs=4, callbacks=callbacks, verbose=0)
+    return ends, [np.array(w) for w in model.get_weights()], len(trained)
+
+
+def test_fit_with_progress_epochs_resumes_after_a_reset_where_the_run_without_it_ends_them():
+    ends, weights, updates = _progress_epochs_run()
+    # epoch 0 at the base batch: 25 updates of 4; each epoch ends at the
+    # first update whose progress reaches the next multiple of 100
+    assert [e for e, _, _ in ends] == [0, 1, 2, 3] and ends[0][1] == 25
+    for epoch, _, count in ends:
+        assert 100 * (epoch + 1) <= count < 100 * (epoch + 1) + 12
+    assert updates == ends[-1][1]
+    reset_at = ends[0][1] + 5  # mid-epoch 1, between two commits
+    again, weights_again, updates_again = _progress_epochs_run(reset_at)
+    assert again == ends  # the same updates and progress at every epoch end
+    assert updates_again > updates  # the uncommitted updates ran twice
+    for got, want in zip(weights_again, weights):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 def test_resize_rule_values_and_errors():
     from keras_adapt import elastic
 

@@ -315,6 +315,15 @@ def test_base_policy_calls_adapt_every_interval_updates_with_statistics():
     model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[policy])
     assert [s for s, _ in policy.calls] == [3, 6, 9, 12, 15, 18]
     assert policy.calls[0][1] == ["gns", "updates"]
+    # A second fit goes on counting (epochs 1 and 2, 20 updates each): its
+    # calls fall where one fit of three epochs puts them, every 3 updates
+    # from the last (18), not from its own start (20: 23, 26, ...).
+    model.fit(x, x[:, :1], batch_size=8, initial_epoch=1, epochs=3, verbose=0,
+              callbacks=[policy])
+    assert [s for s, _ in policy.calls] == list(range(21, 60 + 1, 3))
+    # A new model (its optimizer at update 0): a new run, counted afresh.
+    _model().fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[policy])
+    assert [s for s, _ in policy.calls] == [3, 6, 9, 12, 15, 18]
 
 
 @pytest.mark.parametrize("make, err, match", [

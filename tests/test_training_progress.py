@@ -248,27 +248,35 @@ def test_bad_epoch_arguments_name_the_fix(kwargs, match):
         GNSBatchSizePolicy(min_batch=16, max_batch=64, micro_batch_size=16, **kwargs)
 
 
-def test_elastic_fit_refuses_epochs_that_end_on_a_count_and_no_fit_takes_two(tmp_path):
-    # PreemptionCheckpoint.fit resumes such epochs (tests/test_preemption.py);
-    # elastic.fit resumes epochs by their steps and refuses them.
+def test_the_resuming_fits_refuse_what_cannot_resume_epochs_that_end_on_a_count(tmp_path):
+    # Both resume such epochs (tests/test_preemption.py, tests/test_elastic.py)
+    # on the policy's saved count: under elastic the state must commit it, and
+    # the epochs have no steps_per_epoch; no fit takes two policies that end them.
     from keras_adapt import elastic
 
     policy = GNSBatchSizePolicy(min_batch=16, max_batch=64, micro_batch_size=16,
                                 epoch_end="progress", samples_per_epoch=1000)
     model = _model()
-    state = elastic.KerasState(model, batch=0, rule=elastic.ResizeRule("keep", global_batch=16))
-    with pytest.raises(ValueError, match=r"elastic.fit resumes epochs of fixed steps; "
-                                         r"GNSBatchSizePolicy\(epoch_end='progress'\) ends them on "
-                                         r"its count. Use epoch_end=None there"):
+    state = elastic.KerasState(model, policies=[policy])
+    with pytest.raises(ValueError, match=r"steps_per_epoch=4 but GNSBatchSizePolicy\(epoch_end="
+                                         r"'progress'\) ends the epochs on its count; pass "
+                                         r"steps_per_epoch=None"):
         elastic.fit(state, lambda epoch, batch: None, epochs=1, steps_per_epoch=4,
+                    callbacks=[policy])
+    with pytest.raises(ValueError, match=r"which must be committed and restored with the model: "
+                                         r"give it to the state too, KerasState\(model, ..., "
+                                         r"policies=\[policy\]\)"):
+        elastic.fit(elastic.KerasState(model), lambda epoch, batch: None, epochs=1,
                     callbacks=[policy])
     other = GNSBatchSizePolicy(min_batch=16, max_batch=64, micro_batch_size=16,
                                epoch_end="samples", samples_per_epoch=1000)
     x, y = _data(256)
-    with pytest.raises(ValueError, match=r"2 callbacks end the epochs on their counts "
-                                         r"\(GNSBatchSizePolicy\(epoch_end='progress'\), "
-                                         r"GNSBatchSizePolicy\(epoch_end='samples'\)\); give "
-                                         r"epoch_end to one of them"):
+    two = (r"2 callbacks end the epochs on their counts \(GNSBatchSizePolicy\(epoch_end="
+           r"'progress'\), GNSBatchSizePolicy\(epoch_end='samples'\)\); give epoch_end to one")
+    with pytest.raises(ValueError, match=two):
         PreemptionCheckpoint(tmp_path / "ck").fit(_model(), x, y, batch_size=16,
                                                   callbacks=[policy, other])
+    with pytest.raises(ValueError, match=two):
+        elastic.fit(state, lambda epoch, batch: None, epochs=1, callbacks=[policy, other])
     assert PreemptionCheckpoint(tmp_path / "ck").checkpoints() == []  # refused before training
+    assert int(model.optimizer.iterations.numpy()) == 0

@@ -36,31 +36,6 @@ def epoch_ender(callbacks):
     return enders[0] if enders else None
 
 
-def check_fixed_epochs(callbacks, caller):
-    """Raises a ``ValueError`` when a callback ends ``fit``'s epochs itself
-    (:func:`epoch_ender`): ``caller`` resumes epochs by their steps, which
-    such epochs do not have.
-
-    Example:
-
-    >>> from keras_adapt.callbacks._common import check_fixed_epochs
-    >>> from keras_adapt.policies import GNSBatchSizePolicy
-    >>> check_fixed_epochs([GNSBatchSizePolicy(16, 64, micro_batch_size=16)], "fit")
-    >>> policy = GNSBatchSizePolicy(16, 64, micro_batch_size=16, epoch_end="samples",
-    ...                             samples_per_epoch=1000)
-    >>> check_fixed_epochs([policy], "fit")
-    Traceback (most recent call last):
-    ...
-    ValueError: fit resumes epochs of fixed steps; GNSBatchSizePolicy(epoch_end='samples') ends them on its count. Use epoch_end=None there (fit's own epochs).
-    """
-    cb = epoch_ender(callbacks)
-    if cb is not None:
-        raise ValueError(
-            f"{caller} resumes epochs of fixed steps; {type(cb).__name__}(epoch_end="
-            f"{cb.epoch_end!r}) ends them on its count. Use epoch_end=None there (fit's own "
-            "epochs).")
-
-
 class CachedLogs(keras.callbacks.Callback):
     """Base of the monitors that measure every few steps: the last values
     (``self._values``, a dict the subclass refreshes) go into the logs of

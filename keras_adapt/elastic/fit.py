@@ -1,6 +1,6 @@
 """``fit``: ``model.fit`` from the committed position of an elastic state."""
 
-from keras_adapt.callbacks._common import check_fixed_epochs
+from keras_adapt.callbacks._common import epoch_ender
 from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
 from keras_adapt.elastic.callbacks import (
     CommitStateCallback,
@@ -16,7 +16,7 @@ def _positive(name, value):
     return value
 
 
-def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
+def fit(state, data, epochs, steps_per_epoch=None, callbacks=(), **kwargs):
     """Runs ``state.model.fit`` from the position in ``state`` to ``epochs``:
     the rest of a partly done epoch first (its remaining steps only), then
     the following epochs. Call it inside a :func:`keras_adapt.elastic.run`
@@ -45,6 +45,15 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     :class:`~keras_adapt.elastic.ResizeRule` applies) and goes on from that
     step; a worker that joins a running job restores nothing.
 
+    Epochs that a batch-size policy ends (``epoch_end="samples"`` or
+    ``"progress"``, docs/policies.md) have no fixed steps: pass
+    ``steps_per_epoch=None`` and the policy among ``callbacks`` and in
+    ``KerasState(..., policies=[policy])``, so its count is committed,
+    restored and synced with the model. ``fit`` is then one
+    ``model.fit`` from ``state.epoch`` over the endless stream, and after a
+    reset the policy ends the interrupted epoch, and every later one, at
+    the update where a run without the reset ends it.
+
     Args:
         state: the :class:`~keras_adapt.elastic.KerasState`.
         data: ``data(epoch, batch)`` returns this worker's training data from
@@ -56,7 +65,8 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
             as ``KerasState(..., dataset=ds)``, which the state keeps at the
             committed position and re-shards on every reset.
         epochs: the epoch to train to (as in ``model.fit``).
-        steps_per_epoch: steps in an epoch.
+        steps_per_epoch: steps in an epoch; None when a policy among
+            ``callbacks`` ends the epochs (its ``epoch_end``).
         callbacks: more Keras callbacks.
         **kwargs: passed to ``model.fit`` (``verbose``, ``validation_data``...);
             ``shuffle`` is False unless given (shuffle in ``data`` instead,
@@ -93,8 +103,11 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     elif not callable(data):
         raise TypeError(f"data must be a function data(epoch, batch) -> dataset, got {data!r}")
     epochs = _positive("epochs", epochs)
-    steps_per_epoch = _positive("steps_per_epoch", steps_per_epoch)
-    check_fixed_epochs(callbacks, "elastic.fit")
+    ender = epoch_ender(callbacks)
+    if ender is None:
+        steps_per_epoch = _positive("steps_per_epoch", steps_per_epoch)
+    else:
+        _check_ender(state, ender, steps_per_epoch)
     for name in ("initial_epoch", "epochs", "steps_per_epoch"):
         if name in kwargs:
             raise ValueError(f"fit sets {name} of model.fit from the state; do not pass it")
@@ -103,13 +116,19 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
     callbacks, leave = _with_elastic_callbacks(state, list(callbacks))
     if leave.checkpoint is not None:
         leave.checkpoint.resume_elastic(state)  # every entry: a fresh job restores from disk
-    if state.batch >= steps_per_epoch:
+    if ender is None and state.batch >= steps_per_epoch:
         raise ValueError(
             f"state.batch={state.batch} but an epoch has steps_per_epoch={steps_per_epoch} "
             "steps; use the steps_per_epoch the state was committed with"
         )
     histories = []
     try:
+        if ender is not None:  # the policy ends each epoch on its (committed) count
+            if state.epoch < epochs:
+                histories.append(state.model.fit(
+                    data(state.epoch, state.batch), initial_epoch=state.epoch, epochs=epochs,
+                    callbacks=callbacks, **kwargs))
+            return histories
         if state.batch > 0 and state.epoch < epochs:
             histories.append(state.model.fit(
                 data(state.epoch, state.batch), initial_epoch=state.epoch,
@@ -124,6 +143,19 @@ def fit(state, data, epochs, steps_per_epoch, callbacks=(), **kwargs):
         # the signal handlers must not outlive it.
         leave.agreement.remove()
     return histories
+
+
+def _check_ender(state, ender, steps_per_epoch):
+    """The checks of a policy that ends the epochs under elastic."""
+    name = f"{type(ender).__name__}(epoch_end={ender.epoch_end!r})"
+    if steps_per_epoch is not None:
+        raise ValueError(
+            f"steps_per_epoch={steps_per_epoch!r} but {name} ends the epochs on its count; "
+            "pass steps_per_epoch=None")
+    if not any(p is ender for p in state.policies):
+        raise ValueError(
+            f"{name} ends the epochs on its count, which must be committed and restored with "
+            "the model: give it to the state too, KerasState(model, ..., policies=[policy])")
 
 
 def _with_elastic_callbacks(state, callbacks):

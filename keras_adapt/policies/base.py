@@ -82,7 +82,9 @@ class AdaptationPolicy(keras.callbacks.Callback):
 
     * :meth:`on_adapt_begin` -- once when training begins;
     * :meth:`adapt` -- every ``interval`` optimizer updates (only at update
-      boundaries, never in the middle of an accumulation);
+      boundaries, never in the middle of an accumulation), counted across
+      ``fit`` calls and restarts from a saved or committed state, so the
+      calls fall where one uninterrupted ``fit`` puts them;
     * :meth:`on_epoch_adapt` -- at the end of every epoch.
 
     Each receives ``values``: the in-graph gradient statistics (``gns``,
@@ -142,7 +144,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         #: Every event this policy recorded, in order (on every rank).
         self.events = []
         self.epoch = 0
-        self._last_adapt = 0  # optimizer step of the last adapt() call
+        self._last_adapt = None  # optimizer step of the last adapt() call (None: no run yet)
         self._updates_since = 0  # updates since then, counted on the host
         self._boundary = None  # which micro-step completes an update (host count)
         self._step_running = False  # a step began and its end is not yet counted
@@ -205,17 +207,18 @@ class AdaptationPolicy(keras.callbacks.Callback):
     # Keras 3 need not sync the host after every step on its account.
     def on_train_begin(self, logs=None):
         self._check_one_step_per_call()
-        self._last_adapt = self.step
-        self._updates_since = 0
         self._step_running = False
         self._boundary = UpdateBoundary(self.model.optimizer)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self.restore(state)
-            # The updates since the last adapt() before the checkpoint count:
-            # the next adapt() comes where it would have without the restart.
-            self._updates_since = max(0, self.step - self._last_adapt)
             self.record("resume", "state restored from a checkpoint", {}, state)
+        if self._last_adapt is None or self._last_adapt > self.step:
+            self._last_adapt = self.step  # a new run: count from here
+        # The updates since the last adapt() count, whether they ran in an
+        # earlier fit or before a checkpoint or an elastic commit: the next
+        # adapt() comes where it would have in one uninterrupted fit.
+        self._updates_since = self.step - self._last_adapt
         self.on_adapt_begin(self._values(logs))
         if self._updates_since >= self.interval:  # one was due when the run stopped
             self._adapt_now()
@@ -321,7 +324,9 @@ class AdaptationPolicy(keras.callbacks.Callback):
 
     def restore(self, state):
         """Applies a state from :meth:`get_state` (called at train begin)."""
-        self._last_adapt = int(state.get("last_adapt", self._last_adapt))
+        last = state.get("last_adapt")
+        if last is not None:
+            self._last_adapt = int(last)
 
     def set_state(self, state):
         """Restores ``state`` when training (re)starts; records a ``resume`` event."""

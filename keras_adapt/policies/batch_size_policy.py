@@ -103,6 +103,10 @@ class BatchSizePolicy(AdaptationPolicy):
         self._last_change = None
         self._lr_value = None
 
+    def on_train_begin(self, logs=None):
+        self._ending_epoch = False  # a fit left by an exception (an elastic reset)
+        super().on_train_begin(logs)
+
     def on_attach(self, model):
         self.batch = GlobalBatchSize.of(model, dataset=self.dataset,
                                         micro_batch_size=self.micro_batch_size,
