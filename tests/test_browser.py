@@ -63,6 +63,7 @@ def _train(log_dir):
     from keras_adapt import events
     from keras_adapt.callbacks import (AdaptTensorBoard, GradientStatsMonitor, SystemMonitor,
                                        WorkerTimingMonitor)
+    from keras_adapt.policies import GNSBatchSizePolicy
 
     def emit(model, kind, epoch, before, after):
         events.emit(kind, step=int(model.optimizer.iterations.numpy()), epoch=epoch,
@@ -94,9 +95,14 @@ def _train(log_dir):
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(1)])
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    # A batch-size policy that holds the batch (no events of its own) and
+    # counts progress against a base batch of 4: its samples and progress
+    # part, and the tab draws both.
+    counts = GNSBatchSizePolicy(min_batch=16, max_batch=16, base_batch=4, micro_batch_size=16,
+                                scaling_rule=None, interval=3)
     model.fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, callbacks=[
         Decide(), GradientStatsMonitor(interval=3), SystemMonitor(interval=3),
-        WorkerTimingMonitor(interval=3), AdaptTensorBoard(log_dir, update_freq=3),
+        WorkerTimingMonitor(interval=3), counts, AdaptTensorBoard(log_dir, update_freq=3),
         Late()])
 
 
@@ -357,6 +363,25 @@ def _adapt_frame(page, timeout=60):
     pytest.fail(f"no Adapt iframe; frames: {[f.url for f in page.frames]}")
 
 
+def _drawn_line(chart, name):
+    """The points of series ``name`` of a line chart, read back from its
+    SVG path (``M x,y`` then ``L x,y``) through the axes' tick labels:
+    [(step, value)]."""
+    import re
+
+    d = chart.locator(f'path.adapt-series[data-series="{name}"]').get_attribute("d")
+    vertices = [(float(x), float(y)) for x, y in re.findall(r"[ML]([-0-9.]+),([-0-9.]+)", d)]
+    assert d.count("L") == len(vertices) - 1, d
+    x_ticks = chart.locator('text.axis[text-anchor="middle"]')
+    y_ticks = chart.locator('text.axis[text-anchor="end"]')
+    fx = np.polyfit([float(x_ticks.nth(i).get_attribute("x")) for i in range(x_ticks.count())],
+                    [float(x_ticks.nth(i).text_content()) for i in range(x_ticks.count())], 1)
+    # A label's baseline sits 3 px below its row (drawChart).
+    fy = np.polyfit([float(y_ticks.nth(i).get_attribute("y")) - 3 for i in range(y_ticks.count())],
+                    [float(y_ticks.nth(i).text_content()) for i in range(y_ticks.count())], 1)
+    return [(float(np.polyval(fx, px)), float(np.polyval(fy, py))) for px, py in vertices]
+
+
 def _drawn_step_line(chart):
     """What a step-line chart drew, read back from its SVG: [(step, y label)].
 
@@ -461,6 +486,22 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
             markers = frame.locator('svg[data-chart="noise"] .adapt-marker')
             assert [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute("data-kind"))
                     for i in range(n)] == [(e["step"], e["kind"]) for e in expected]
+
+            # Training progress: the policy's samples and progress, each line
+            # drawn at the steps and values of its series in the event files
+            # (to the pixel: 0.5% of the chart's range).
+            chart = frame.locator('svg[data-chart="progress"]')
+            assert chart.locator(".adapt-marker").count() == n
+            written = {tag: points for prefix in ("adapt/samples", "adapt/progress")
+                       for tag, points in _tfevents_scalars(run_logdir / "train", prefix).items()}
+            for name in ("samples", "progress"):
+                drawn, series = _drawn_line(chart, name), written["adapt/" + name]
+                assert len(drawn) == len(series) >= 30, name
+                span = max(v for _, v in written["adapt/samples"])
+                for (step, value), (want_step, want) in zip(drawn, series):
+                    assert abs(step - want_step) < 0.5 and abs(value - want) < 0.005 * span, name
+            samples, progress = written["adapt/samples"][-1][1], written["adapt/progress"][-1][1]
+            assert samples == 16 * 30 * EPOCHS and 0 < progress < samples
 
             # Whole numbers of workers get whole-number ticks (one worker: 0, 1, 2).
             y_labels = frame.locator('svg[data-chart="workers"] text.axis[text-anchor="end"]')

@@ -149,6 +149,62 @@ def test_epochs_end_at_the_analytic_update_for_a_known_noise_scale(what, cls):
         assert policy.hooked == sum(expected)  # the override still runs once per update
 
 
+class StepLogs(keras.callbacks.Callback):
+    """``(updates, samples, progress)`` from every step's logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.rows.append((int(self.model.optimizer.iterations.numpy()), logs["samples"],
+                          logs["progress"]))
+
+
+def test_every_steps_logs_and_the_tensorboard_series_carry_the_counts_after_that_step(tmp_path):
+    # The analytic case above (B = 64 from B0 = 16, noise scale 48): after
+    # update u the counts are 64 u samples and 16 min(u, 10) + 256/7 (u - 10)
+    # progress. Every step's logs carry them, and AdaptTensorBoard writes
+    # them at step u (adapt/samples, adapt/progress), epoch ends included.
+    import glob
+
+    import tensorflow as tf
+
+    from keras_adapt.callbacks import AdaptTensorBoard
+
+    x, y = _data(1024)
+    model = _model()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=64 * n, max_batch=64 * n, base_batch=16 * n,
+                                micro_batch_size=64, interval=10)
+    logs = StepLogs()
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[
+        FixedNoiseScale(48.0), policy, logs, AdaptTensorBoard(str(tmp_path), update_freq=3)])
+
+    def truth(u):
+        return 64 * n * u, n * (16 * min(u, 10) + Fraction(256, 7) * max(0, u - 10))
+
+    assert [u for u, _, _ in logs.rows] == list(range(1, 33))  # 16 steps an epoch
+    for u, samples, progress in logs.rows:
+        want_samples, want_progress = truth(u)
+        assert samples == want_samples and progress == pytest.approx(float(want_progress),
+                                                                     rel=1e-12), u
+    written = {}
+    for path in glob.glob(str(tmp_path / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                if v.tag in ("adapt/samples", "adapt/progress"):
+                    written.setdefault(v.tag, {})[event.step] = float(tf.make_ndarray(v.tensor))
+    # every third step, and each epoch's end (16, 32)
+    assert sorted(written["adapt/samples"]) == [3, 6, 9, 12, 15, 16, 18, 21, 24, 27, 30, 32]
+    for u in written["adapt/samples"]:
+        want_samples, want_progress = truth(u)
+        assert written["adapt/samples"][u] == want_samples
+        assert written["adapt/progress"][u] == pytest.approx(float(want_progress), rel=1e-6)
+    history = model.history.history
+    assert history["samples"] == [truth(16)[0], truth(32)[0]]
+
+
 def test_progress_epochs_on_the_endless_stream_without_steps_per_epoch_and_graph_agrees():
     # The real case: a growing batch through an AdaptiveBatchDataset, real
     # statistics, fit given no steps_per_epoch. The host's progress equals

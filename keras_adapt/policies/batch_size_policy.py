@@ -19,7 +19,10 @@ class BatchSizePolicy(AdaptationPolicy):
     learning rate with it (an ``lr`` event).
 
     :attr:`progress` (:class:`TrainingProgress`) counts the samples trained
-    and their statistical progress. With ``epoch_end`` the policy also ends
+    and their statistical progress; every step's logs carry both as
+    ``samples`` and ``progress`` (the counts after that step), which
+    ``AdaptTensorBoard`` writes as ``adapt/samples`` and ``adapt/progress``
+    and the Adapt tab draws. With ``epoch_end`` the policy also ends
     ``fit``'s epochs, as AdaptDL does: an epoch ends at the first update
     after which the count reaches ``(epoch + 1) x samples_per_epoch``.
     ``"samples"`` makes an epoch one pass over the data whatever the batch;
@@ -198,8 +201,13 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def on_train_batch_begin(self, batch, logs=None):
         super().on_train_batch_begin(batch, logs)
-        if self.epoch_end is None or self.batch.value is None \
-                or not self.next_step_completes_update():
+        if self.batch.value is None:
+            return
+        completes = self.next_step_completes_update()
+        # The logs of this step carry the counts after it (host floats, set
+        # here on the training thread, copied at the step's end).
+        self._log_cache.update(self._counts(completes))
+        if self.epoch_end is None or not completes:
             return
         after = self.progress.count_after_update(self.epoch_end, self.batch.value,
                                                  self.base_batch or self.batch.value)
@@ -222,10 +230,18 @@ class BatchSizePolicy(AdaptationPolicy):
                 "stream and no steps_per_epoch.",
                 RuntimeWarning, stacklevel=2)
 
+    def _counts(self, pending):
+        """``samples`` and ``progress`` as logs values, with one more update
+        at the current batch when ``pending``."""
+        state = self.progress.get_state(
+            (self.batch.value, self.base_batch or self.batch.value) if pending else None)
+        return {"samples": float(state["samples"]), "progress": float(state["progress"])}
+
     def log_values(self):
         out = {}
         if self.batch is not None and self.batch.value is not None:
             out["batch_size"] = float(self.batch.value)
+            out.update(self._counts(False))
         if self.lr_follower is not None:
             if self._lr_value is None:
                 self._lr_value = self.lr_follower.lr.current_lr()

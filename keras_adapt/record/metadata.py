@@ -66,7 +66,7 @@ SCALAR_TAGS = {
     key: TAG_PREFIX + key
     for key in ("gns", "batch_size", "lr", "workers", "throughput",
                 "grad_sqr", "grad_var", "grad_snr", "sync_strategy",
-                "step_time", "comm_fraction")
+                "step_time", "comm_fraction", "samples", "progress")
 }
 #: Per-worker times of a step, in seconds (``WorkerTimingMonitor``): the
 #: logs key of worker r's time t is ``<t>/rank_<r>`` (:func:`worker_time_key`)

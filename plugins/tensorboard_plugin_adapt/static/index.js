@@ -372,6 +372,14 @@ async function showRun(run, ui) {
     {id: 'throughput', title: 'Throughput (samples/s)',
      series: [seriesOf(data, 'throughput', 'samples/s', '#1565c0')]},
   ];
+  // A batch-size policy's counts: samples trained, and their statistical
+  // progress in samples at the starting batch (they part once the batch
+  // outgrows the noise scale; epochs may end on either, epoch_end).
+  if (data.series[TAG('progress')]) {
+    charts.push({id: 'progress', title: 'Training progress: samples trained and statistical progress',
+                 series: [seriesOf(data, 'samples', 'samples', '#455a64'),
+                          seriesOf(data, 'progress', 'progress', '#c2185b')]});
+  }
   for (const [time, title] of WORKER_TIME_CHARTS) {
     const prefix = TAG(time) + '/rank_';
     const tags = Object.keys(data.series).filter((t) => t.startsWith(prefix)).sort(
