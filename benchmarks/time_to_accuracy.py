@@ -121,7 +121,11 @@ every configuration N times and reports the run with the median wall time
 to the target, every run's wall time (``wall_to_target_runs``) and, for
 the policies, every run's decisions (``trajectory_runs``: the batch
 trajectory) and whether they were the same each time
-(``same_decisions``): timing noise must not change them.
+(``same_decisions``): timing noise must not change them. Each seed's raw
+results stay in a temporary directory ``time_to_accuracy_*`` (its
+``rank0.json``): per run also every ``batch_size`` decision with its reason
+and, for a policy that times its updates, ``model_step_ms``: the median ms
+per update and the observations its throughput model kept, per global batch.
 
 A seed (``--seeds``, default 0, recorded as ``seed``) draws the initial
 weights and the order of the training samples; the data themselves stay
@@ -812,6 +816,12 @@ def worker(args):
             "decisions": [[e["step"], e["before"]["batch_size"], e["after"]["batch_size"],
                            e["reason"]] for e in (policy.events if policy else [])
                           if e["kind"] == "batch_size"],
+            # what the policy's throughput model saw: the median update time
+            # (ms) and observations kept, per global batch
+            "model_step_ms": {
+                str(b * k * n): [round(float(np.median(t)) * 1e3, 2), len(t)]
+                for (b, n, k), t in (policy.throughput_model.configurations().items()
+                                     if policy and policy.throughput_model else [])},
         }
 
     result = {

@@ -9,8 +9,8 @@ from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
 from keras_adapt.policies.goodput_batch_size import (
     GoodputBatchSizePolicy,
     GoodputChoice,
+    goodput_gain,
     statistical_efficiency,
-    step_time_ratio,
 )
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
 from keras_adapt.policies.progress import TrainingProgress
@@ -29,6 +29,7 @@ from keras_adapt.policies.scaling_rules import (
 from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
 from keras_adapt.policies.straggler import StragglerPolicy
 from keras_adapt.policies.sync_strategy import SyncStrategyPolicy
+from keras_adapt.policies.update_timer import UpdateTimer, step_time_ratio
 
 __all__ = [
     "AdaScale",
@@ -49,6 +50,8 @@ __all__ = [
     "SyncStrategyPolicy",
     "ThroughputScalingPolicy",
     "TrainingProgress",
+    "UpdateTimer",
+    "goodput_gain",
     "statistical_efficiency",
     "step_time_ratio",
 ]

@@ -37,6 +37,13 @@ class BatchSizePolicy(AdaptationPolicy):
     own ``on_epoch_end``: put callbacks that stop training at an epoch's end
     (``EarlyStopping``) *after* the policy in ``callbacks``.
 
+    A subclass that prices step times sets :attr:`update_timer` (an
+    :class:`UpdateTimer`) in its ``__init__``: the policy then times every
+    update and feeds the timer's throughput model the agreed mean at every
+    ``adapt()``, before ``decide``; :attr:`throughput_model` is that model
+    and :meth:`configuration` the ``(micro_batch, accumulation, workers)``
+    of a global batch, to price with ``update_timer.time_ratio``.
+
     Args:
         min_batch, max_batch: bounds of the global batch (samples per update).
         dataset: an ``AdaptiveBatchDataset`` feeding ``fit`` (optional).
@@ -105,9 +112,47 @@ class BatchSizePolicy(AdaptationPolicy):
         self.lr_follower = None
         self._last_change = None
         self._lr_value = None
+        #: The :class:`UpdateTimer` of a policy that prices step times (None: it does not).
+        self.update_timer = None
+
+    @property
+    def throughput_model(self):
+        """The :class:`~keras_adapt.perf_model.ThroughputModel` this policy
+        feeds (None when it does not price step times).
+
+        Example:
+
+        >>> from keras_adapt.policies import GNSBatchSizePolicy
+        >>> print(GNSBatchSizePolicy(16, 64, micro_batch_size=16).throughput_model)
+        None
+        >>> policy = GNSBatchSizePolicy(16, 64, micro_batch_size=16, price_step_times=True)
+        >>> policy.throughput_model.configurations()
+        {}
+        """
+        return None if self.update_timer is None else self.update_timer.model
+
+    def configuration(self, global_batch):
+        """``(micro_batch, accumulation, workers)`` that would make ``global_batch``
+        (the actuator's plan; after the model is attached).
+
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> from keras_adapt.policies import GNSBatchSizePolicy
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+        >>> policy = GNSBatchSizePolicy(16, 256, micro_batch_size=16)
+        >>> policy.set_model(model)
+        >>> policy.configuration(64)    # one worker: 4 micro-batches of 16 per update
+        (16, 4, 1)
+        """
+        b, k = self.batch.plan(global_batch)
+        return b, k, self.batch.workers
 
     def on_train_begin(self, logs=None):
         self._ending_epoch = False  # a fit left by an exception (an elastic reset)
+        if self.update_timer is not None:
+            self.update_timer.begin_fit()
         super().on_train_begin(logs)
 
     def on_attach(self, model):
@@ -133,6 +178,8 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def adapt(self, step, values):
         self._lr_value = None  # refreshed once per interval (also during a ramp)
+        if self.update_timer is not None and self.batch.value is not None:
+            self.update_timer.observe(self.batch)
         if self.base_batch is None:
             if self.batch.value is None:
                 return
@@ -156,6 +203,8 @@ class BatchSizePolicy(AdaptationPolicy):
         if new == before["batch_size"]:
             return None
         self._last_change = self.step
+        if self.update_timer is not None:
+            self.update_timer.reset_interval()
         self.record("batch_size", reason, before, self.batch.state())
         values = values if values is not None else self.measurements()
         if self.lr_follower is not None:
@@ -173,6 +222,8 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def _count_update(self):
         # Here, not in on_update_end, so an override cannot skip it.
+        if self.update_timer is not None:
+            self.update_timer.end_update()
         if self.batch.value is not None:
             self.progress.add_update(self.batch.value, self.base_batch or self.batch.value)
 
@@ -200,6 +251,9 @@ class BatchSizePolicy(AdaptationPolicy):
         return self._ending_epoch
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self.update_timer is not None:
+            # First: the step that ran before ends its update in super().
+            self.update_timer.begin_step(self._step_running)
         super().on_train_batch_begin(batch, logs)
         if self.batch.value is None:
             return
@@ -217,6 +271,8 @@ class BatchSizePolicy(AdaptationPolicy):
             self._ending_epoch = True
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.update_timer is not None:
+            self.update_timer.end_epoch()
         super().on_epoch_end(epoch, logs)
         if self._ending_epoch:
             self._ending_epoch = False

@@ -4,6 +4,12 @@ import math
 
 from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
+from keras_adapt.policies.goodput_batch_size import goodput_gain
+from keras_adapt.policies.update_timer import UpdateTimer
+
+#: Batches :meth:`GNSBatchSizePolicy.fastest_batch` prices between the
+#: current batch and the target (geometric steps, the target included).
+FASTEST_GRID = 48
 
 
 class GNSBatchSizePolicy(BatchSizePolicy):
@@ -29,6 +35,29 @@ class GNSBatchSizePolicy(BatchSizePolicy):
       clipped target.
 
     A noise scale that is not finite (nothing resolved yet) changes nothing.
+
+    **Step times** (``price_step_times=True``; off by default). Where an update gets
+    costlier as the batch grows (a device that is full), the batch that
+    trains fastest may be below the target: the noise scale says how many
+    updates a larger batch saves, the step time what each one costs. The
+    policy times its updates and fits a
+    :class:`~keras_adapt.perf_model.ThroughputModel` (as
+    :class:`GoodputBatchSizePolicy` does, through an :class:`UpdateTimer`),
+    and grows only as far as :meth:`fastest_batch`: of the batches from the
+    current one up to the target, the one with the most goodput
+    (:func:`goodput_gain`: statistical progress per second, with the step
+    times' ratio priced by :func:`step_time_ratio`, which counts a
+    difference only beyond ``confidence`` standard errors). While the model
+    has no fit (one batch measured so far) step times count as flat and the
+    batch goes to the target, so the first ramp is as fast as without the
+    term; where the step time does not grow with the batch (or the
+    measurements cannot tell), the target wins as before. The term only
+    stops growth: a batch already beyond the fastest one stays (a move down
+    would gain a few percent at most near the optimum, within the band).
+    Off by default because on ``benchmarks/time_to_accuracy.py`` it bought
+    nothing: each task reaches its target within a few decisions of the
+    first ramp, which is priced flat, and where it cut later growth it cost
+    accuracy (docs/policies.md, "Step times, measured").
 
     With a ``sample_budget`` (the global samples the whole run trains on,
     e.g. ``epochs x len(x)``) the batch also stays small enough that the
@@ -75,6 +104,13 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         scaling_rule: how the learning rate follows the batch (default
             ``"linear"``: lr x B / base_batch, Goyal et al.); ``None`` leaves
             it alone (e.g. when an :class:`LRScalingPolicy` drives it).
+        price_step_times: grow only as far as the fastest batch
+            (:meth:`fastest_batch`; True or False, default False).
+        confidence: how many standard errors of the step-time ratio count
+            as no difference (>= 0; 2: about 95%).
+        throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel`
+            to feed (default: :class:`UpdateTimer`'s); only with
+            ``price_step_times``.
         **kwargs: see :class:`BatchSizePolicy` (``dataset``,
             ``micro_batch_size``, ``max_micro_batch_size``, ``base_batch``,
             ``interval``, ``log_dir``, ``verbose``).
@@ -97,8 +133,19 @@ class GNSBatchSizePolicy(BatchSizePolicy):
 
     def __init__(self, min_batch, max_batch, gns_multiple=2.0, hysteresis=0.25,
                  min_change_interval=20, warmup_updates=50, allow_decrease=False,
-                 sample_budget=None, min_updates_left=300, scaling_rule="linear", **kwargs):
+                 sample_budget=None, min_updates_left=300, scaling_rule="linear",
+                 price_step_times=False, confidence=2.0, throughput_model=None, **kwargs):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
+        if not isinstance(price_step_times, bool):
+            raise TypeError(f"price_step_times must be True or False, got {price_step_times!r}")
+        if throughput_model is not None and not price_step_times:
+            raise ValueError(
+                f"throughput_model={throughput_model!r} is only used with "
+                "price_step_times=True; drop it, or set price_step_times=True")
+        self.price_step_times = price_step_times
+        self.confidence = _check_float("confidence", confidence)
+        if price_step_times:
+            self.update_timer = UpdateTimer(throughput_model)
         self.sample_budget = (None if sample_budget is None
                               else _check_positive_int("sample_budget", sample_budget))
         if self.sample_budget is not None and self.epoch_end == "progress":
@@ -130,6 +177,42 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         """The clipped target global batch for noise scale ``gns``."""
         return min(max(self.gns_multiple * gns, self.min_batch), self.budget_cap())
 
+    def fastest_batch(self, current, target, gns, fit=None):
+        """Of the global batches from ``current`` up to ``target``, the one
+        with the most goodput at noise scale ``gns`` (``current`` itself when
+        no larger one gains): :func:`goodput_gain` with the step times' ratio
+        from ``fit`` (default: the throughput model's current fit) by
+        :meth:`UpdateTimer.time_ratio`. ``target`` without a fit, or with
+        ``price_step_times=False``. Prices the batches that would be made
+        (:meth:`configuration`) for :data:`FASTEST_GRID` points of a
+        geometric grid.
+
+        Example:
+
+        >>> from keras_adapt.policies import GNSBatchSizePolicy
+        >>> policy = GNSBatchSizePolicy(32, 1024, micro_batch_size=32, price_step_times=True)
+        >>> policy.fastest_batch(32, 800, gns=400.0)   # nothing timed yet: flat
+        800
+        """
+        if self.update_timer is None:
+            return target
+        fit = self.throughput_model.fit() if fit is None else fit
+        if not fit.fitted or target <= current:
+            return target
+        best, best_gain = current, 1.0
+        for i in range(1, FASTEST_GRID + 1):
+            m = round(target)  # the last point: the target itself, as without step times
+            if i < FASTEST_GRID:
+                point = current * (target / current) ** (i / FASTEST_GRID)
+                b, k, n = self.configuration(round(point))
+                m = b * k * n  # the batch that would be made
+            ratio = self.update_timer.time_ratio(current, m, self.configuration,
+                                                 self.confidence, fit)
+            gain = goodput_gain(m, current, gns, ratio)
+            if gain > best_gain:
+                best, best_gain = (target if i == FASTEST_GRID else m), gain
+        return best
+
     def should_change(self, step, gns, covered_updates, current):
         """The decision rule: the target batch, or None to keep ``current``."""
         if gns is None or not math.isfinite(gns) or covered_updates < self.warmup_updates:
@@ -147,7 +230,11 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             # toward it is made only while it is still band-sized.
             if cap < self.max_batch and cap < current * band:
                 return None
-            return self.target_for(gns)
+            target = self.target_for(gns)
+            fastest = self.fastest_batch(current, target, gns)
+            if fastest < target and fastest < current * band:
+                return None  # growing pays less than its cost in step time
+            return fastest
         if self.allow_decrease and raw * band <= current and current > self.min_batch:
             return self.target_for(gns)
         return None
@@ -160,7 +247,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             self.change_batch(
                 target,
                 f"gns {gns:.1f} x {self.gns_multiple:g} -> target {target:.0f} "
-                f"(batch {current}, band x{1 + self.hysteresis:g}{self._budget_note(gns)})",
+                f"(batch {current}, band x{1 + self.hysteresis:g}{self._budget_note(gns)}"
+                f"{self._time_note(gns, target)})",
                 values,
             )
 
@@ -169,8 +257,17 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         config.update(gns_multiple=self.gns_multiple, hysteresis=self.hysteresis,
                       min_change_interval=self.min_change_interval,
                       warmup_updates=self.warmup_updates, allow_decrease=self.allow_decrease,
-                      sample_budget=self.sample_budget, min_updates_left=self.min_updates_left)
+                      sample_budget=self.sample_budget, min_updates_left=self.min_updates_left,
+                      price_step_times=self.price_step_times, confidence=self.confidence)
         return config
+
+    def _time_note(self, gns, target):
+        if target >= self.target_for(gns) - 0.5:
+            return ""
+        fit = self.throughput_model.fit()
+        kind = "model" if fit.usable else "tentative fit"
+        return (f"; step times ({kind}): {target:.0f} is the fastest batch "
+                f"up to {self.target_for(gns):.0f}")
 
     def _budget_note(self, gns):
         cap = self.budget_cap()

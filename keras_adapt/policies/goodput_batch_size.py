@@ -2,12 +2,10 @@
 
 import dataclasses
 import math
-import time
 
-from keras_adapt import _hvd
-from keras_adapt.perf_model import ThroughputModel
 from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
+from keras_adapt.policies.update_timer import UpdateTimer
 
 
 def statistical_efficiency(batch, base_batch, gns):
@@ -25,31 +23,25 @@ def statistical_efficiency(batch, base_batch, gns):
     return (gns + base_batch) / (gns + batch)
 
 
-def step_time_ratio(now, then, confidence=2.0):
-    """``T(now) / T(then)`` as the goodput policy prices it, from two predictions.
+def goodput_gain(batch, current, gns, time_ratio=1.0):
+    """Goodput at global batch ``batch`` over goodput at ``current``.
 
-    The logarithm of the predicted ratio, drawn toward 0 (flat step times)
-    by ``confidence`` times the two predictions' relative standard errors
-    added, and 0 when it is within that margin: a difference the
-    measurements cannot resolve counts as none, and one they can counts
-    only beyond its uncertainty. ``now`` and ``then`` are
-    :class:`keras_adapt.perf_model.Prediction` objects.
+    ``(M E(M)) / (C E(C)) x T(C) / T(M)`` with Pollux's
+    :func:`statistical_efficiency` E at noise scale ``gns`` (the base batch
+    cancels) and ``time_ratio`` = T(C) / T(M), the step times' ratio
+    (:meth:`UpdateTimer.time_ratio`; 1: flat). Above 1: ``batch`` makes more
+    statistical progress per second. The one rule by which both batch-size
+    policies price a move.
 
     Example:
 
-    >>> from keras_adapt.perf_model import Prediction
-    >>> from keras_adapt.policies import step_time_ratio
-    >>> step_time_ratio(Prediction(0.010, 0.0, True), Prediction(0.020, 0.0, True))  # exact
-    0.5
-    >>> # 10% errors each: 2 x (0.1 + 0.1) off |log 0.5|
-    >>> round(step_time_ratio(Prediction(0.010, 0.001, True), Prediction(0.020, 0.002, True)), 4)
-    0.7459
-    >>> step_time_ratio(Prediction(0.010, 0.002, True), Prediction(0.012, 0.002, True))  # within
-    1.0
+    >>> from keras_adapt.policies import goodput_gain
+    >>> goodput_gain(64, 32, 32.0)          # 64 x 64 / (32 x 96), flat step times
+    1.3333333333333333
+    >>> goodput_gain(64, 32, 32.0, 0.5)     # ... but an update at 64 takes twice as long
+    0.6666666666666666
     """
-    log_ratio = math.log(now.value / then.value)
-    margin = confidence * (now.relative_std + then.relative_std)
-    return math.exp(math.copysign(max(0.0, abs(log_ratio) - margin), log_ratio))
+    return batch * (gns + current) / (current * (gns + batch)) * time_ratio
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,16 +175,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         self.confidence = _check_float("confidence", confidence)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
-        if throughput_model is None:
-            throughput_model = ThroughputModel(warmup=1, statistic="median", repeats=True)
-        elif not isinstance(throughput_model, ThroughputModel):
-            raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
-                            "keras_adapt.perf_model.ThroughputModel or None")
-        self.throughput_model = throughput_model
-        self._t_begin = None  # perf_counter at the current step's begin
-        self._t_sum = 0.0  # step time since the last update
-        self._interval_time = 0.0  # timed seconds since the last observation
-        self._interval_updates = 0  # timed updates since the last observation
+        self.update_timer = UpdateTimer(throughput_model)
 
     def candidates(self):
         """Global batches considered: min_batch x 2^i up to max_batch."""
@@ -202,69 +185,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             b *= 2
         return out + [self.max_batch]
 
-    # -- measuring -----------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._t_begin = None
-        self._t_sum = 0.0
-        self._interval_time, self._interval_updates = 0.0, 0
-        super().on_train_begin(logs)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        # One micro-step's time is begin to next begin: what training
-        # actually gets through, including the callbacks' per-step cost.
-        now = time.perf_counter()
-        if self._t_begin is not None and self._step_running:
-            self._t_sum += now - self._t_begin
-        self._t_begin = now
-        super().on_train_batch_begin(batch, logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        # The epoch's last step ends with evaluation and epoch callbacks:
-        # do not count it.
-        self._t_begin = None
-        self._t_sum = 0.0
-        super().on_epoch_end(epoch, logs)
-
-    def on_update_end(self):
-        if self._t_sum > 0.0:
-            self._interval_time += self._t_sum
-            self._interval_updates += 1
-        self._t_sum = 0.0
-
-    def _observe(self):
-        """Feeds the model the mean update time since the last call, agreed
-        over the workers (one small collective, same call on every rank)."""
-        total, count = _hvd.host_allreduce_mean(
-            [self._interval_time, float(self._interval_updates)], name="keras_adapt_goodput")
-        self._interval_time, self._interval_updates = 0.0, 0
-        if count > 0 and total > 0:
-            self.throughput_model.observe(self.batch.micro_batch_size, float(total / count),
-                                          workers=self.batch.workers,
-                                          accumulation=self.batch.accumulation.steps)
-
     # -- deciding -----------------------------------------------------------
-    def _step_time(self, batch, fit):
-        """The fit's :class:`~keras_adapt.perf_model.Prediction` of one
-        update at ``batch``, or None when it cannot price the configuration
-        (an extrapolation to a non-positive time)."""
-        b, k = self.batch.plan(batch)
-        try:
-            return fit.predict_step_time(b, workers=self.batch.workers, accumulation=k,
-                                         tentative=True)
-        except ValueError:
-            return None
-
-    def _time_ratio(self, batch, current, fit):
-        """``T(current) / T(batch)`` for the decision: 1 (flat) without a
-        fitted model or a prediction, else :func:`step_time_ratio` with the
-        policy's ``confidence``, whether or not the fit is usable."""
-        if not fit.fitted:
-            return 1.0
-        now, then = self._step_time(current, fit), self._step_time(batch, fit)
-        if now is None or then is None:
-            return 1.0
-        return step_time_ratio(now, then, self.confidence)
-
     def choose(self, current, gns, fit=None):
         """The rule (see the class doc): a :class:`GoodputChoice` at global
         batch ``current`` with noise scale ``gns`` and throughput ``fit``
@@ -274,9 +195,11 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         eff = {m: statistical_efficiency(m, self.min_batch, gns) for m in self.candidates()}
         eff[current] = statistical_efficiency(current, self.min_batch, gns)
 
-        def goodput_gain(m):
+        def gain_at(m):
             """m's goodput over the current one's."""
-            return (m * eff[m]) / (current * eff[current]) * self._time_ratio(m, current, fit)
+            ratio = self.update_timer.time_ratio(current, m, self.configuration,
+                                                 self.confidence, fit)
+            return goodput_gain(m, current, gns, ratio)
 
         threshold = 1.0 + self.hysteresis
         below = [m for m in self.candidates() if m < current]
@@ -285,7 +208,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             if eff[current] < self.min_efficiency / threshold:
                 return GoodputChoice(down, f"efficiency {eff[current]:.3f} at {current} < "
                                      f"{self.min_efficiency:g} (gns {gns:.1f})", kind, fit.reason)
-            gain = goodput_gain(down)
+            gain = gain_at(down)
             if gain > threshold:
                 return GoodputChoice(down, f"goodput x{gain:.3f} at {down} ({kind} step "
                                      f"times; gns {gns:.1f})", kind, fit.reason)
@@ -296,7 +219,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         if eff[up] < self.min_efficiency:
             return GoodputChoice(current, f"efficiency {eff[up]:.3f} at {up} < "
                                  f"{self.min_efficiency:g} (gns {gns:.1f})", kind, fit.reason)
-        gain = goodput_gain(up)
+        gain = gain_at(up)
         if gain <= threshold:
             return GoodputChoice(current, f"goodput x{gain:.3f} at {up} <= {threshold:g} "
                                  f"({kind} step times)", kind, fit.reason)
@@ -305,7 +228,6 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
                              kind, fit.reason)
 
     def decide(self, step, values):
-        self._observe()
         gns = values.get("gns")
         if gns is None or not math.isfinite(gns) or values.get("covered_updates", 0) < self.warmup_updates:
             return
@@ -317,8 +239,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             reason = choice.reason
             if choice.step_times != "model":
                 reason += f"; throughput fit not usable: {choice.fit_reason}"
-            if self.change_batch(choice.batch, reason, values) is not None:
-                self._interval_time, self._interval_updates = 0.0, 0
+            self.change_batch(choice.batch, reason, values)
 
     def get_config(self):
         config = super().get_config()
