@@ -508,3 +508,66 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(runs):
     final, full = _all(runs, "fallback", "final"), _all(runs, "full", "final")
     for a, b in zip(final[0]["weights"], full[0]["weights"]):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def progress_runs(tmp_path_factory):
+    """Two workers, epochs that a policy ends on its progress (Gloo): the
+    uninterrupted job beside the one cut by SIGTERM to one worker in epoch
+    1, then the same command resuming the cut one."""
+    base = tmp_path_factory.mktemp("preempt_progress")
+    if not os.path.exists(os.path.join(BIN, "horovodrun")):
+        pytest.skip("horovodrun is not installed in this environment")
+    full = _launch(base / "full", base / "full_ck", "gloo", ["--progress"])
+    cut = _launch(base / "cut", base / "ck", "gloo", ["--progress", "--sleep", "0.03"])
+    try:
+        _wait_for_step(base / "cut", 1, 52, cut)
+        os.kill(int(open(base / "cut" / "pid1").read()), signal.SIGTERM)
+        rc, _, err = _finish(cut)
+        assert rc != 0 and re.search(rf"Exit code:\s+{EXIT_CODE}\n", err), err[-4000:]
+        resumed = _launch(base / "resumed", base / "ck", "gloo", ["--progress"])
+        try:
+            for job in (full, resumed):
+                rc, _, err = _finish(job)
+                assert rc == 0, err[-4000:]
+        finally:
+            _stop(resumed)
+    finally:
+        _stop(full)
+        _stop(cut)
+    return base
+
+
+def test_two_workers_resume_epochs_that_a_policy_ends_where_the_uninterrupted_job_ends_them(
+        progress_runs):
+    read = lambda name, phase: [_read(progress_runs / name / f"{phase}{r}.json") for r in (0, 1)]
+    full, stop = read("full", "final"), read("cut", "stop")
+    begin, final = read("resumed", "begin"), read("resumed", "final")
+    # Both ranks count the same progress and end the same epochs: one pass
+    # (640) at the base batch 16 is 40 updates; each later epoch ends at the
+    # first update whose progress reaches the next multiple of 640 (an update
+    # at batch B adds at most B = 32 or 48).
+    assert full[0]["epoch_ends"] == full[1]["epoch_ends"]
+    ends = full[0]["epoch_ends"]
+    assert [e for e, _, _ in ends] == [0, 1, 2] and ends[0][1] == 40
+    for epoch, _, count in ends:
+        assert 640 * (epoch + 1) <= count < 640 * (epoch + 1) + 48
+    # SIGTERM to one worker in epoch 1: both stop at the same update, and the
+    # resumed job starts from exactly that state, its progress included
+    at = stop[0]["iterations"]
+    assert stop[1]["iterations"] == at and ends[0][1] < at < ends[1][1]
+    # (the stop ended fit's epoch 1 there, before its progress ends it)
+    assert stop[0]["epoch_ends"] == ends[:1] + [[1, at, stop[0]["progress"]]]
+    assert stop[0]["progress"] < 1280
+    for r in (0, 1):
+        assert begin[r]["iterations"] == at
+        assert begin[r]["weights"] == stop[r]["weights"]
+        assert begin[r]["adapt"] == stop[r]["adapt"]
+        assert begin[r]["progress"] == stop[r]["progress"] == stop[0]["progress"]
+    # it ends epochs 1 and 2 at the updates and the progress of the
+    # uninterrupted job (bit for bit), with its weights
+    for r in (0, 1):
+        assert final[r]["epoch_ends"] == ends[1:]
+        for a, b in zip(final[r]["weights"], full[r]["weights"]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert final[0]["weights"] == final[1]["weights"]

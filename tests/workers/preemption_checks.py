@@ -2,7 +2,10 @@
 
 Trains a small model with Adam (slots) and keras-adapt's statistics on two
 workers through ``PreemptionCheckpoint.fit`` over seeded arrays, so a
-SIGTERM sent to one worker stops both, and the same command resumes.
+SIGTERM sent to one worker stops both, and the same command resumes. With
+``--progress`` a batch-size policy ends the epochs on its statistical
+progress (global batch 2 x --batch, twice that from epoch 1, three times
+from epoch 2, through accumulation).
 
 Writes into --out:
   pid<r>                 this worker's process id (the test signals it)
@@ -11,7 +14,8 @@ Writes into --out:
   stop<r>.json           state when the workers stopped for a signal
   final<r>.json          state when training finished
 Each state: iterations, weights, optimizer variables, keras-adapt variables,
-data position, the callback's timing and the flag-check cost.
+data position, the callback's timing and the flag-check cost; the policy's
+progress and the epoch ends of this run so far (epoch, updates, progress).
 """
 
 import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
@@ -26,6 +30,7 @@ import keras
 import keras_adapt
 from keras_adapt import _hvd
 from keras_adapt.callbacks import BroadcastGlobalVariablesCallback, PreemptionCheckpoint
+from keras_adapt.policies import ScheduledBatchSizePolicy
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--dir", required=True, help="checkpoint directory")
@@ -34,6 +39,8 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--samples", type=int, default=640)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--sleep", type=float, default=0.0, help="extra seconds per step")
+parser.add_argument("--progress", action="store_true",
+                    help="a ScheduledBatchSizePolicy ends the epochs on its progress")
 parser.add_argument("--measure-check", type=int, default=0,
                     help="time this many flag agreements before training")
 args = parser.parse_args()
@@ -88,6 +95,8 @@ def state():
         "produced": DATA.produced,
         "check_cost_s": check_cost,
         "signal_to_disk_s": ckpt.signal_to_disk_s,
+        "progress": POLICY.progress.count("progress") if POLICY else None,
+        "epoch_ends": ENDS,
         "time": time.time(),
     }
 
@@ -96,6 +105,10 @@ class Probe(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if not os.path.exists(os.path.join(args.out, f"begin{rank}.json")):
             write("begin", state())
+
+    def on_epoch_end(self, epoch, logs=None):
+        ENDS.append([epoch, int(optimizer.iterations.numpy()),
+                     POLICY.progress.count("progress") if POLICY else None])
 
     def on_train_batch_end(self, batch, logs=None):
         if args.sleep:
@@ -107,9 +120,16 @@ class Probe(keras.callbacks.Callback):
 
 
 DATA = keras_adapt.data.AdaptiveBatchDataset(x, y, micro_batch_size=args.batch, seed=3)
+ENDS = []
+POLICY = None
+if args.progress:
+    base = keras_adapt.size() * args.batch
+    POLICY = ScheduledBatchSizePolicy({1: 2 * base, 2: 3 * base}, dataset=DATA,
+                                      max_micro_batch_size=args.batch, epoch_end="progress")
 try:
     ckpt.fit(model, DATA, epochs=args.epochs, verbose=0,
-             callbacks=[BroadcastGlobalVariablesCallback(0), Probe()])
+             callbacks=[BroadcastGlobalVariablesCallback(0), *([POLICY] if POLICY else []),
+                        Probe()])
 except SystemExit:
     write("stop", state())
     # Every rank's record is on disk before any exits (with MPI the first
