@@ -13,8 +13,10 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
 How to read it
 --------------
 Four tasks, each trained several ways in the same two worker processes,
-one after the other, from the same initial weights and the same seeded,
-sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
+one after the other (Keras' state cleared before each run; the order of
+the runs reversed on odd seeds and odd repeats, so that no configuration
+is always the first or the last), from the same initial weights and the
+same seeded, sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
 2 x 128 ReLU MLP (2 x 1024 on ``teacher_student_wide``), SGD with momentum 0.9:
 
 * ``small``   fixed small global batch (2 workers x 16), LR tuned;
@@ -117,7 +119,8 @@ Baselines run ``keras_adapt.DistributedOptimizer(gradient_stats=False)``
 (no monitoring cost); the policies pay for their statistics. Each worker is
 pinned to its own core with one TensorFlow thread. On a shared machine the
 wall times move by several percent between runs: ``--repeats N`` runs
-every configuration N times and reports the run with the median wall time
+every configuration N times (N rounds of all runs, alternately forward and
+reversed) and reports the run with the median wall time
 to the target, every run's wall time (``wall_to_target_runs``) and, for
 the policies, every run's decisions (``trajectory_runs``: the batch
 trajectory) and whether they were the same each time
@@ -151,6 +154,7 @@ update 751 (569 updates, as the small batch). Hence 0.75.
 """
 
 import argparse
+import gc
 import json
 import time
 
@@ -609,22 +613,20 @@ def over_seeds(results):
     return merged
 
 
-def repeated(repeats, run, *args):
-    """Runs ``run(*args)`` ``repeats`` times; returns the run with the median
-    wall time to the target (never reached counts as slowest), with every
-    run's wall time to the target in ``wall_to_target_runs``; for runs that
-    carry a ``trajectory`` (the batch trajectory: a policy's decisions), every
+def median_run(results):
+    """Of one configuration's repeated runs, the one with the median wall
+    time to the target (never reached counts as slowest), with every run's
+    wall time to the target in ``wall_to_target_runs``; for runs that carry
+    a ``trajectory`` (the batch trajectory: a policy's decisions), every
     run's in ``trajectory_runs`` and whether they were all the same in
     ``same_decisions``.
 
     The runs are seeded alike, so their updates and accuracies agree: the
     repeats measure the spread of the wall times on a busy machine.
 
-    >>> runs = iter([{"wall_to_target": 3.0}, {"wall_to_target": None}, {"wall_to_target": 2.0}])
-    >>> repeated(3, lambda: next(runs))
+    >>> median_run([{"wall_to_target": 3.0}, {"wall_to_target": None}, {"wall_to_target": 2.0}])
     {'wall_to_target': 3.0, 'wall_to_target_runs': [3.0, None, 2.0]}
     """
-    results = [run(*args) for _ in range(repeats)]
     walls = [r["wall_to_target"] for r in results]
     ordered = sorted(results, key=lambda r: (r["wall_to_target"] is None,
                                              r["wall_to_target"] or 0.0))
@@ -632,6 +634,24 @@ def repeated(repeats, run, *args):
     if all("trajectory" in r for r in results):
         paths = [r["trajectory"] for r in results]
         out.update(trajectory_runs=paths, same_decisions=all(p == paths[0] for p in paths))
+    return out
+
+
+def run_order(jobs, repeats, seed):
+    """Every job ``repeats`` times, a round of all jobs per repeat, each
+    round in the jobs' order on even ``seed + round`` and reversed on odd:
+    a run's wall time depends on what ran before it in the same processes,
+    so no configuration is always first (or last) and the repeats of one
+    are spread over the whole measurement.
+
+    >>> run_order(["a", "b", "c"], 2, seed=0)
+    ['a', 'b', 'c', 'c', 'b', 'a']
+    >>> run_order(["a", "b"], 1, seed=1)
+    ['b', 'a']
+    """
+    out = []
+    for r in range(repeats):
+        out += jobs if (seed + r) % 2 == 0 else jobs[::-1]
     return out
 
 
@@ -765,6 +785,10 @@ def worker(args):
 
     def run(name, s, data, config, lr, batch=None):
         x, y, xt, yt = data
+        # Without this, every run is slower than the one before it in the
+        # same processes (measured: up to 40% by the last of a task's runs).
+        keras.backend.clear_session()
+        gc.collect()
         keras.utils.set_random_seed(args.seed)
         model = keras.Sequential([
             keras.Input((x.shape[1],)),
@@ -846,18 +870,22 @@ def worker(args):
         result["tasks"] = {}
         for name, s in settings.items():
             data = load(name, s)
-            runs, sweep = {}, []
+            jobs = []  # (config, lr, batch): batch None for the policies and small/large
             for config in configs:
                 if config == "fixed":
                     for batch in sweep_batches(s, args.quick):
                         for lr in sweep_rates(s, batch, args.quick):
                             if "large" in configs and (batch, lr) == (s["max_batch"], s["lr_large"]):
                                 continue  # that run is "large"
-                            r = repeated(args.repeats, run, name, s, data, config, lr, batch)
-                            sweep.append(dict(r, batch=batch, curve=None))
-                    continue
-                lr = s["lr_large"] if config == "large" else s["lr_small"]
-                runs[config] = repeated(args.repeats, run, name, s, data, config, lr)
+                            jobs.append((config, lr, batch))
+                else:
+                    jobs.append((config, s["lr_large"] if config == "large" else s["lr_small"], None))
+            done = {job: [] for job in jobs}
+            for job in run_order(jobs, args.repeats, args.seed):
+                done[job].append(run(name, s, data, *job))
+            runs = {c: median_run(done[(c, lr, b)]) for c, lr, b in jobs if c != "fixed"}
+            sweep = [dict(median_run(done[(c, lr, b)]), batch=b, curve=None)
+                     for c, lr, b in jobs if c == "fixed"]
             result["tasks"][name] = {"settings": s, "runs": runs, "sweep": sweep,
                                      "train_size": len(data[0])}
     write_result(args.out, rank, result)

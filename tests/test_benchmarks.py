@@ -96,33 +96,38 @@ def _benchmark(name):
 
 
 def test_time_to_accuracy_repeats_keep_the_median_run():
-    repeated = _benchmark("time_to_accuracy").repeated
-    walls = iter([5.0, None, 2.0, 4.0, 3.0])
-    calls = []
-
-    def run(tag):
-        calls.append(tag)
-        return {"tag": len(calls), "wall_to_target": next(walls)}
-
-    out = repeated(5, run, "gns")
-    assert calls == ["gns"] * 5
+    median_run = _benchmark("time_to_accuracy").median_run
+    runs = [{"tag": i + 1, "wall_to_target": w} for i, w in enumerate([5.0, None, 2.0, 4.0, 3.0])]
     # ordered 2.0, 3.0, 4.0, 5.0, never: the median is run 4 (4.0)
-    assert out == {"tag": 4, "wall_to_target": 4.0,
-                   "wall_to_target_runs": [5.0, None, 2.0, 4.0, 3.0]}
-    walls = iter([None, 1.0])
-    assert repeated(2, run, "x")["wall_to_target"] == 1.0  # even: the lower middle
+    assert median_run(runs) == {"tag": 4, "wall_to_target": 4.0,
+                                "wall_to_target_runs": [5.0, None, 2.0, 4.0, 3.0]}
+    even = [{"wall_to_target": None}, {"wall_to_target": 1.0}]
+    assert median_run(even)["wall_to_target"] == 1.0  # even: the lower middle
     # a policy's decisions (its batch trajectory) in every run, and whether they agree
-    paths = iter([[[1, 32], [51, 64]], [[1, 32], [51, 64]], [[1, 32], [61, 64]]])
-    walls = iter([1.0, 2.0, 3.0])
-
-    def policy_run():
-        return {"wall_to_target": next(walls), "trajectory": next(paths)}
-
-    out = repeated(3, policy_run)
+    paths = [[[1, 32], [51, 64]], [[1, 32], [51, 64]], [[1, 32], [61, 64]]]
+    out = median_run([{"wall_to_target": w, "trajectory": p}
+                      for w, p in zip([1.0, 2.0, 3.0], paths)])
     assert out["trajectory"] == [[1, 32], [51, 64]] and out["same_decisions"] is False
-    assert out["trajectory_runs"] == [[[1, 32], [51, 64]]] * 2 + [[[1, 32], [61, 64]]]
-    paths, walls = iter([[[1, 32]]] * 2), iter([1.0, 1.0])
-    assert repeated(2, policy_run)["same_decisions"] is True
+    assert out["trajectory_runs"] == paths
+    same = [{"wall_to_target": 1.0, "trajectory": [[1, 32]]}] * 2
+    assert median_run(same)["same_decisions"] is True
+
+
+def test_time_to_accuracy_run_order_alternates_so_no_configuration_is_always_last():
+    """A run's wall time depends on what ran before it in the same worker
+    processes, so the rounds of repeats alternate direction, and so do the
+    seeds: over two seeds (or repeats) every job sits at every position's
+    mirror, and each job's mean position is the middle."""
+    run_order = _benchmark("time_to_accuracy").run_order
+    jobs = [("small", 0.02, None), ("fixed", 0.04, 64), ("gns", 0.02, None)]
+    assert run_order(jobs, 1, seed=0) == jobs
+    assert run_order(jobs, 1, seed=1) == jobs[::-1]
+    order = run_order(jobs, 4, seed=3)
+    assert order == (jobs[::-1] + jobs) * 2
+    assert all(order.count(j) == 4 for j in jobs)
+    for job in jobs:  # over the rounds, every job's mean position is the middle one
+        positions = [i % len(jobs) for i, j in enumerate(order) if j == job]
+        assert sum(positions) / len(positions) == (len(jobs) - 1) / 2
 
 
 def test_time_to_accuracy_best_fixed_breaks_update_ties_by_accuracy():
