@@ -17,12 +17,14 @@ from keras_adapt.policies import GoodputBatchSizePolicy, statistical_efficiency,
 from test_policies import _drive, _model
 
 
-def _attached(throughput_model=None, **kwargs):
+def _attached(throughput_model=None, max_batch=1024, **kwargs):
     """A policy attached to a model whose batch grows through an adaptive
-    dataset (micro-batch = global batch on one worker, k = 1)."""
+    dataset (micro-batch = global batch on one worker, k = 1). A test of
+    how one move is priced caps ``max_batch`` at it: the policy moves to the
+    best candidate above, and without the cap a larger one may win."""
     x = np.ones((2048, 4), "float32")
     ds = AdaptiveBatchDataset(x, x[:, :1], micro_batch_size=32)
-    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1024, dataset=ds,
+    policy = GoodputBatchSizePolicy(min_batch=32, max_batch=max_batch, dataset=ds,
                                     max_micro_batch_size=1024,
                                     throughput_model=throughput_model, **kwargs)
     policy.set_model(_model())
@@ -57,13 +59,14 @@ def test_the_default_adascale_gain_is_the_scale_times_the_efficiency():
     assert statistical_efficiency(128, 32, 96.0) == pytest.approx(4.0 / 7.0)
 
 
-def test_flat_step_times_grow_one_doubling_while_efficiency_holds():
+def test_flat_step_times_grow_to_the_largest_batch_the_floor_allows():
     # No usable fit (nothing observed): step times flat, so the goodput
-    # gain of a doubling is 2 x E(2M) / E(M) and the floor decides.
+    # gain of M over C is M E(M) / (C E(C)), rising with M, and the floor
+    # decides how far.
     policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1024, micro_batch_size=32)
     assert (policy.min_efficiency, policy.hysteresis) == (0.75, 0.25)
     c = policy.choose(32, gns=200.0)
-    # E(64) = 232/264 = 0.8788; gain 2 x 0.8788 = 1.758 > 1.25: one doubling, not more
+    # E(64) = 232/264 = 0.8788; gain 2 x 0.8788 = 1.758 > 1.25; E(128) < 0.75
     assert (c.batch, c.step_times) == (64, "flat")
     assert "x1.758" in c.reason and "efficiency 0.879" in c.reason
     assert c.fit_reason.startswith("no configuration has 3 observations")
@@ -73,6 +76,13 @@ def test_flat_step_times_grow_one_doubling_while_efficiency_holds():
     # at gns 400, E(128) = 432/528 = 0.818: grow; E(256) = 432/656 = 0.659: not beyond
     assert policy.choose(64, gns=400.0).batch == 128
     assert policy.choose(128, gns=400.0).batch == 128
+    c = policy.choose(32, gns=400.0)  # two doublings at once: x4 x 0.818 = x3.273
+    assert c.batch == 128 and "goodput x3.273 at 128, efficiency 0.818" in c.reason
+    # E(1024) = 1000032/1001024 >= 0.75: straight to max_batch
+    assert policy.choose(32, gns=1e6).batch == 1024
+    # a lower floor allows more: E(256) = 432/656 = 0.659 >= 0.5 > E(512) = 432/912
+    assert GoodputBatchSizePolicy(32, 1024, min_efficiency=0.5, micro_batch_size=32).choose(
+        32, gns=400.0).batch == 256
     # down only below min_efficiency / (1 + hysteresis) = 0.6:
     # E(128) at gns 150 = 182/278 = 0.655 (stay), at gns 100 = 132/228 = 0.579 (down)
     assert policy.choose(128, gns=150.0).batch == 128
@@ -104,6 +114,25 @@ def test_a_usable_fit_prices_the_step_times():
     assert (c.batch, c.step_times) == (256, "model") and "x1.785" in c.reason
 
 
+def test_the_move_up_is_to_the_best_goodput_the_floor_allows():
+    # T(b) = 4 ms + 0.1 ms x b, fitted exactly: goodput M E(M) / T(M) at
+    # gns 2000 peaks at 256 (computed here from the formula, not the
+    # policy), below the largest batch the floor allows (512: E = 0.811).
+    policy = _attached(_exact_model(lambda b: 0.004 + 1e-4 * b))
+    goodput = {m: m * statistical_efficiency(m, 32, 2000.0) / (0.004 + 1e-4 * m)
+               for m in (32, 64, 128, 256, 512, 1024)}
+    allowed = [m for m in goodput if m > 32 and statistical_efficiency(m, 32, 2000.0) >= 0.75]
+    assert allowed == [64, 128, 256, 512]
+    best = max(allowed, key=goodput.get)
+    assert best == 256  # the case this test is about: neither the next doubling nor the floor's
+    c = policy.choose(32, gns=2000.0)
+    assert (c.batch, c.step_times) == (256, "model")
+    assert f"goodput x{goodput[256] / goodput[32]:.3f} at 256" in c.reason
+    # from 256 the best above is 512, x{goodput[512]/goodput[256]} = x0.965: stay
+    c = policy.choose(256, gns=2000.0)
+    assert c.batch == 256 and f"goodput x{goodput[512] / goodput[256]:.3f} at 512 <= 1.25" in c.reason
+
+
 def _shrunk_gain(flat, t_now, t_then, confidence=2.0):
     """The rule, computed from the two predictions: the log step-time
     ratio drawn toward 0 by ``confidence`` times the sum of their relative
@@ -130,17 +159,18 @@ def test_uncertainty_draws_the_price_toward_flat_not_against_the_move():
     drawn = _shrunk_gain(flat, t32, t64)
     assert 1.0 < nominal < drawn < flat  # the case this test is about
     threshold = (nominal * drawn) ** 0.5  # between the two
-    policy = _attached(model, hysteresis=threshold - 1)
+    policy = _attached(model, max_batch=64, hysteresis=threshold - 1)
     assert step_time_ratio(t32, t64) == pytest.approx(drawn / flat, rel=1e-12)
     c = policy.choose(32, gns=1e6)
     assert (c.batch, c.step_times) == (64, "model") and f"goodput x{drawn:.3f}" in c.reason
     # with confidence 0 the estimate itself decides: below the threshold
-    c = _attached(model, hysteresis=threshold - 1, confidence=0.0).choose(32, gns=1e6)
+    c = _attached(model, max_batch=64, hysteresis=threshold - 1, confidence=0.0).choose(32, gns=1e6)
     assert c.batch == 32 and f"goodput x{nominal:.3f} at 64" in c.reason
     # a confidence that covers the whole rise leaves the flat price
     big = abs(np.log(t64.value / t32.value)) / (t32.relative_std + t64.relative_std) + 0.01
     assert step_time_ratio(t32, t64, confidence=big) == 1.0
-    assert _attached(model, confidence=big).choose(32, gns=1e6).reason.startswith(f"goodput x{flat:.3f}")
+    assert _attached(model, max_batch=64, confidence=big).choose(32, gns=1e6).reason.startswith(
+        f"goodput x{flat:.3f}")
 
 
 def test_a_refused_fit_within_its_errors_prices_nothing():
@@ -164,9 +194,14 @@ def test_a_refused_fit_within_its_errors_prices_nothing():
     with pytest.raises(RuntimeError, match="not usable"):
         fit.predict_step_time(64)  # only on request
     assert step_time_ratio(t32, t64) == 1.0
-    c = _attached(model).choose(32, gns=300.0)
+    c = _attached(model, max_batch=64).choose(32, gns=300.0)
     flat = 2 * statistical_efficiency(64, 32, 300.0)  # E(64) = 332/364: x1.824
     assert (c.batch, c.step_times) == (64, "tentative") and f"x{flat:.3f}" in c.reason
+    # uncapped, the largest batch the floor allows, also priced flat:
+    # E(128) = 332/428 = 0.776 >= 0.75 > E(256) = 332/556, x4 x 0.776 = x3.103
+    c = _attached(model).choose(32, gns=300.0)
+    flat = 4 * statistical_efficiency(128, 32, 300.0)
+    assert (c.batch, c.step_times) == (128, "tentative") and f"x{flat:.3f} at 128" in c.reason
     assert c.fit_reason == fit.reason
 
 
@@ -208,10 +243,10 @@ def test_an_extrapolation_within_its_errors_is_priced_flat():
     (t128, s128), (t256, s256) = line(128), line(256)
     assert np.log(t256 / t128) < 2 * (s128 / t128 + s256 / t256)  # within the errors
     flat = 2 * statistical_efficiency(256, 32, 1e6) / statistical_efficiency(128, 32, 1e6)
-    c = _attached(model).choose(128, gns=1e6)
+    c = _attached(model, max_batch=256).choose(128, gns=1e6)
     assert (c.batch, c.step_times) == (256, "tentative") and f"goodput x{flat:.3f} at 256" in c.reason
     # at 256 (not measured) the same: neither down to 128 nor a brake on 512
-    c = _attached(model).choose(256, gns=1e6)
+    c = _attached(model, max_batch=512).choose(256, gns=1e6)
     assert c.batch == 512 and "goodput x1.999 at 512" in c.reason
 
 
@@ -231,15 +266,15 @@ def test_two_batches_and_their_repeats_price_the_next_doubling():
     flat = 2 * statistical_efficiency(128, 32, 1e6) / statistical_efficiency(64, 32, 1e6)
     for confidence in (0.0, 2.0, 6.0):
         gain = flat * np.exp(-(log_ratio - confidence * rel))  # 1.4488, 1.5567, 1.7974
-        c = _attached(model, confidence=confidence).choose(64, gns=1e6)
+        c = _attached(model, max_batch=128, confidence=confidence).choose(64, gns=1e6)
         assert (c.batch, c.step_times) == (128, "model"), c.reason
         assert f"x{gain:.3f}" in c.reason
     # a hysteresis between the estimate's and the drawn price: only the
     # uncertainty (confidence 2) makes the move
-    assert _attached(model, confidence=0.0, hysteresis=0.5).choose(64, gns=1e6).batch == 64
-    assert _attached(model, confidence=2.0, hysteresis=0.5).choose(64, gns=1e6).batch == 128
+    assert _attached(model, max_batch=128, confidence=0.0, hysteresis=0.5).choose(64, gns=1e6).batch == 64
+    assert _attached(model, max_batch=128, confidence=2.0, hysteresis=0.5).choose(64, gns=1e6).batch == 128
     # no fit: flat, 2 x E(128)/E(64)
-    c = _attached(ThroughputModel()).choose(64, gns=1e6)
+    c = _attached(ThroughputModel(), max_batch=128).choose(64, gns=1e6)
     assert (c.batch, c.step_times) == (128, "flat") and f"x{flat:.3f}" in c.reason
 
 
@@ -279,9 +314,10 @@ def test_decisions_do_not_flip_on_timing_noise():
         decisions.add(tuple(policy.choose(m, gns=g).batch
                             for m, g in ((32, 300.0), (64, 300.0), (128, 300.0), (128, 150.0),
                                          (256, 300.0))))
-    # E(64) 0.912, E(128) 0.776: grow; E(256) 0.597: stay at 128; at
-    # gns 150 E(128) 0.655 >= 0.6: stay; at 256 with gns 300 E = 0.597 < 0.6: down
-    assert decisions == {(64, 128, 128, 128, 128)}
+    # E(64) 0.912, E(128) 0.776: grow, from 32 to 128 at once; E(256) 0.597:
+    # stay at 128; at gns 150 E(128) 0.655 >= 0.6: stay; at 256 with gns
+    # 300 E = 0.597 < 0.6: down
+    assert decisions == {(128, 128, 128, 128, 128)}
     assert usable < 100  # most such fits are refused
 
 
@@ -290,24 +326,27 @@ def test_scripted_run_records_decisions_and_feeds_the_model():
     n = keras_adapt.size()
     policy = GoodputBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
                                     interval=10, verbose=0)
-    script = [(10, 200.0 * n), (60, 200.0 * n), (110, 200.0 * n), (150, 200.0 * n),
+    script = [(10, 200.0 * n), (60, 1000.0 * n), (110, 1000.0 * n), (150, 1000.0 * n),
               (160, 20.0 * n)]
     changes = _drive(policy, model, script)
-    # gns 200: E(32) = 216/232 = 0.93 -> 32 at 10; 50 updates later E(64) =
-    # 216/264 = 0.82 -> 64; E(128) = 216/328 = 0.66: stay; gns 20: E(64) =
-    # 36/84 = 0.43 < 0.6 -> 32 (at n = 1; the same ratios at any n)
-    assert changes == [(10, 16 * n, 32 * n), (60, 32 * n, 64 * n), (160, 64 * n, 32 * n)]
+    # gns 200: E(32) = 216/232 = 0.93, E(64) = 216/264 = 0.82, E(128) =
+    # 216/328 = 0.66 -> 64 at 10 (two doublings at once); 50 updates later,
+    # gns 1000: E(256) = 1016/1256 = 0.81 -> 256 = max_batch; gns 20:
+    # E(256) = 36/276 = 0.13 < 0.6 -> one halving, 128 (at n = 1; the same
+    # ratios at any n)
+    assert changes == [(10, 16 * n, 64 * n), (60, 64 * n, 256 * n), (160, 256 * n, 128 * n)]
     reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
     # one configuration observed at most before the first two: flat
     assert all("; throughput fit not usable: " in r for r in reasons[:2])
+    assert reasons[1].startswith(f"goodput x{4 * 1016 / 1256 / (1016 / 1064):.3f} at {256 * n}")
     # the last is the efficiency floor's, whatever the fit of the two
     # accumulations observed by then says (it depends on the real timings)
-    assert reasons[2].startswith(f"efficiency 0.429 at {64 * n} < 0.75")
+    assert reasons[2].startswith(f"efficiency 0.130 at {256 * n} < 0.75")
     # one observation per interval, at the configuration it ran (b, N, k);
     # the first interval of each visit is dropped (warm-up): k = 1 ran one
-    # interval, k = 2 five (ending at 20..60), k = 4 ten (70..160)
+    # interval, k = 4 five (ending at 20..60), k = 16 ten (70..160)
     configs = policy.throughput_model.configurations()
-    assert {c: len(t) for c, t in configs.items()} == {(16, n, 2): 4, (16, n, 4): 9}
+    assert {c: len(t) for c, t in configs.items()} == {(16, n, 4): 4, (16, n, 16): 9}
     assert all(t > 0 for ts in configs.values() for t in ts)
 
 
@@ -339,6 +378,23 @@ def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
     assert not policy.throughput_model.fit().usable  # one configuration
     # its own on_update_end still counts every update's samples (at the start batch: progress too)
     assert policy.progress.samples == 4 * 32 * 8 == policy.progress.progress
+
+
+def test_the_default_floor_follows_what_ends_the_epochs():
+    # on progress a less efficient batch costs samples (time), on samples accuracy
+    kwargs = dict(micro_batch_size=32, samples_per_epoch=1000)
+    floors = {end: GoodputBatchSizePolicy(32, 512, epoch_end=end, **kwargs).min_efficiency
+              for end in (None, "samples", "progress")}
+    assert floors == {None: 0.75, "samples": 0.75, "progress": 1.0 / 3.0}
+    # E(M) >= 1/3 allows M <= 2 phi + 3 M0: at phi = 100, 296 -> 256 from 32
+    policy = GoodputBatchSizePolicy(32, 512, epoch_end="progress", **kwargs)
+    assert policy.choose(32, gns=100.0).batch == 256
+    assert statistical_efficiency(296, 32, 100.0) == pytest.approx(1.0 / 3.0)
+    # an explicit floor wins, and the config keeps the resolved one
+    policy = GoodputBatchSizePolicy(32, 512, epoch_end="progress", min_efficiency=0.75, **kwargs)
+    assert policy.min_efficiency == 0.75 and policy.choose(32, gns=100.0).batch == 64
+    config = GoodputBatchSizePolicy(32, 512, epoch_end="progress", **kwargs).get_config()
+    assert GoodputBatchSizePolicy.from_config(config).min_efficiency == 1.0 / 3.0
 
 
 def test_config_round_trip_and_bad_arguments():

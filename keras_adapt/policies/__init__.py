@@ -9,6 +9,7 @@ from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
 from keras_adapt.policies.goodput_batch_size import (
     GoodputBatchSizePolicy,
     GoodputChoice,
+    default_min_efficiency,
     goodput_gain,
     statistical_efficiency,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "ThroughputScalingPolicy",
     "TrainingProgress",
     "UpdateTimer",
+    "default_min_efficiency",
     "goodput_gain",
     "statistical_efficiency",
     "step_time_ratio",

@@ -44,6 +44,29 @@ def goodput_gain(batch, current, gns, time_ratio=1.0):
     return batch * (gns + current) / (current * (gns + batch)) * time_ratio
 
 
+def default_min_efficiency(epoch_end):
+    """The efficiency floor :class:`GoodputBatchSizePolicy` uses by default.
+
+    What a sample at low efficiency costs depends on what ends the epochs
+    (``epoch_end`` of :class:`BatchSizePolicy`). On progress
+    (``"progress"``) a less efficient batch trains on more samples for the
+    same progress: it costs time, which goodput already prices, so the floor
+    only bounds how far beyond the noise scale the batch may go: 1/3, at
+    most three samples for one sample's progress at the base batch (about
+    twice the noise scale, where :class:`GNSBatchSizePolicy` aims). On
+    samples (``"samples"``, or ``None``: ``fit``'s own epochs) the samples
+    are fixed and a less efficient batch ends with less progress, so lower
+    accuracy: 0.75 (docs/policies.md, "The goodput policy's accuracy").
+
+    Example:
+
+    >>> from keras_adapt.policies import default_min_efficiency
+    >>> default_min_efficiency("progress"), default_min_efficiency(None)
+    (0.3333333333333333, 0.75)
+    """
+    return 1.0 / 3.0 if epoch_end == "progress" else 0.75
+
+
 @dataclasses.dataclass(frozen=True)
 class GoodputChoice:
     """One decision of :meth:`GoodputBatchSizePolicy.choose`.
@@ -83,16 +106,14 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     update since the last time (agreed over the workers in one small
     collective, so every rank fits the same model), and at most every
     ``min_change_interval`` updates, once the statistics cover
-    ``warmup_updates`` updates, it considers its two neighbours only (one
-    doubling up, one halving down):
+    ``warmup_updates`` updates, it decides:
 
     * **step times**: only their ratio matters, and it enters by one rule
       (:func:`step_time_ratio`): the throughput fit's estimate of the log ratio,
       drawn toward 0 (flat) by ``confidence`` of its standard errors, and
       0 within them. Before a fit exists (one batch so far) the step time
       is taken as the same at every batch (``"flat"``): the optimistic
-      guess that lets the policy try the next batch; growth of one doubling
-      per decision bounds what a wrong guess costs, and the new batch is
+      guess that lets the policy try a larger batch, where it is then
       measured. The rule is the same whether the fit passed its
       significance test (``"model"``) or not (``"tentative"``: a fit not yet
       significant is within its errors and prices nothing), so passing the
@@ -100,38 +121,39 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
       sides of that gate differently, and timing noise decides on which
       side a fit falls: the same seed made different decisions in about a
       third of repeated runs (docs/policies.md);
-    * **up** to 2M when E(2M) >= ``min_efficiency`` and 2M's goodput beats
-      M's by more than ``hysteresis``;
-    * **down** to M/2 when E(M) < ``min_efficiency / (1 + hysteresis)``
-      (the noise scale fell) or M/2's goodput beats M's by more than
-      ``hysteresis``.
+    * **down** one halving, to M/2, when E(M) < ``min_efficiency / (1 +
+      hysteresis)`` (the noise scale fell) or M/2's goodput beats M's by
+      more than ``hysteresis``;
+    * otherwise **up**, to the candidate above M with the most goodput among
+      those with E >= ``min_efficiency``, if it beats M's by more than
+      ``hysteresis``. With flat step times that is the largest batch the
+      floor allows, as Pollux moves to its best batch at once; measured
+      step times that grow with the batch stop it sooner.
 
     Why the efficiency floor: with flat step times Pollux's goodput
     ``M/T x (phi + M0)/(phi + M)`` rises with M for ever, so pure goodput
-    picks ``max_batch``. It maximises progress per second, not per sample:
-    a job with a sample budget (a number of epochs, a learning-rate
-    schedule in epochs) trades final accuracy for it, since S samples at
-    efficiency E make the progress of E x S at the base batch. The floor
-    caps that loss: every sample keeps at least ``min_efficiency`` of its
-    worth at ``min_batch``. E(M) >= e means M <= (phi + M0)/e - phi: with
-    the default 0.75, ``M <= phi/3 + 4 M0/3``, a third of the critical
-    batch phi, where McCandlish et al. put the "two times the minimal
-    samples" point (E = 0.5 from a small base). One doubling per decision
-    keeps the noise scale (whose moving average lags) and the learning
-    rate rule (AdaScale's gain) in step with the batch, and gives the
-    throughput model each batch on the way as a configuration to fit.
+    picks ``max_batch``. It maximises progress per second, not per sample.
+    E(M) >= e means M <= (phi + M0)/e - phi. Its default
+    (:func:`default_min_efficiency`) depends on what ends the epochs: on
+    statistical progress (``epoch_end="progress"``) a less efficient batch
+    only trains on more samples, which goodput prices as time, and the
+    floor, 1/3 (M <= 2 phi + 3 M0), bounds how far beyond the noise scale
+    the batch goes; on samples (a number of epochs, a learning-rate schedule
+    in epochs) S samples at efficiency E make the progress of E x S at the
+    base batch, so the job trades final accuracy for speed, and the floor,
+    0.75 (M <= phi/3 + 4 M0/3), caps that loss.
     Decisions are quantised (powers of two), use only the agreed noise
     scale and step times agreed over the workers, and take a step-time
-    difference into account only beyond its uncertainty: three repeats of
-    each of three seeds made the same decisions on all four benchmark
-    tasks (progress epochs, docs/policies.md). The price of that caution:
-    where the linear step-time model misfits (flat up to a batch, rising
-    after), its errors stay wide and the policy prices even a measured
-    cost near flat (the wide task moves to 256 and stays).
+    difference into account only beyond its uncertainty, so repeated runs
+    of a seed make the same decisions (docs/policies.md). Where the linear
+    step-time model misfits (flat up to a batch, rising after), its errors
+    stay wide and the policy prices even a measured cost near flat.
 
     Args:
         min_batch, max_batch: bounds of the global batch.
-        min_efficiency: the floor on E(M) (0 < min_efficiency <= 1; 0.75).
+        min_efficiency: the floor on E(M) (0 < min_efficiency <= 1; default
+            ``None``: :func:`default_min_efficiency` of ``epoch_end``, 1/3 on
+            progress, 0.75 otherwise).
         hysteresis: relative goodput gain required for a change, and the
             dead band below ``min_efficiency`` before a move down (>= 0).
         confidence: how many standard errors of the step-time ratio count
@@ -156,21 +178,26 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     >>> policy = GoodputBatchSizePolicy(min_batch=32, max_batch=512, micro_batch_size=32)
     >>> policy.candidates()
     [32, 64, 128, 256, 512]
-    >>> policy.choose(32, gns=200.0).batch     # flat step times: E(64) = 232/264 >= 0.75
+    >>> policy.choose(32, gns=200.0).batch     # flat: E(64) = 232/264 >= 0.75, E(128) < 0.75
     64
     >>> policy.choose(64, gns=200.0).batch     # E(128) = 232/328 < 0.75: stay
     64
+    >>> policy.choose(32, gns=400.0).batch     # E(128) = 432/528 >= 0.75 > E(256): two doublings
+    128
     """
 
     needs_statistics = True
 
-    def __init__(self, min_batch, max_batch, min_efficiency=0.75, hysteresis=0.25,
+    def __init__(self, min_batch, max_batch, min_efficiency=None, hysteresis=0.25,
                  confidence=2.0, min_change_interval=50, warmup_updates=50,
                  throughput_model=None, scaling_rule="adascale", **kwargs):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
+        if min_efficiency is None:
+            min_efficiency = default_min_efficiency(self.epoch_end)
         self.min_efficiency = _check_float(
             "min_efficiency", min_efficiency, positive=True, high=1.0,
-            fix="a fraction in (0, 1], e.g. 0.75 (0 would let the batch grow without bound)")
+            fix="a fraction in (0, 1], e.g. 0.75, or None for the default of the epochs' "
+                "count (0 would let the batch grow without bound)")
         self.hysteresis = _check_float("hysteresis", hysteresis)
         self.confidence = _check_float("confidence", confidence)
         self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
@@ -215,11 +242,13 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         above = [m for m in self.candidates() if m > current]
         if not above:
             return GoodputChoice(current, f"{current} is max_batch", kind, fit.reason)
-        up = above[0]
-        if eff[up] < self.min_efficiency:
-            return GoodputChoice(current, f"efficiency {eff[up]:.3f} at {up} < "
+        allowed = [m for m in above if eff[m] >= self.min_efficiency]
+        if not allowed:
+            return GoodputChoice(current, f"efficiency {eff[above[0]]:.3f} at {above[0]} < "
                                  f"{self.min_efficiency:g} (gns {gns:.1f})", kind, fit.reason)
-        gain = gain_at(up)
+        gains = {m: gain_at(m) for m in allowed}
+        up = max(allowed, key=gains.get)  # the smallest of equals
+        gain = gains[up]
         if gain <= threshold:
             return GoodputChoice(current, f"goodput x{gain:.3f} at {up} <= {threshold:g} "
                                  f"({kind} step times)", kind, fit.reason)
