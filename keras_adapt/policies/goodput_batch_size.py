@@ -144,8 +144,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     0.75 (M <= phi/3 + 4 M0/3), caps that loss.
     Decisions are quantised (powers of two), use only the agreed noise
     scale and step times agreed over the workers, and take a step-time
-    difference into account only beyond its uncertainty, so repeated runs
-    of a seed make the same decisions (docs/policies.md). Where the linear
+    difference into account only beyond its uncertainty; timing noise can
+    still change a decision whose price lies near the hysteresis (measured:
+    one run in three of two of twelve seeds and tasks, docs/policies.md,
+    "Moving to the best batch at once"). Where the linear
     step-time model misfits (flat up to a batch, rising after), its errors
     stay wide and the policy prices even a measured cost near flat.
 
