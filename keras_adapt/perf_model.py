@@ -106,8 +106,9 @@ _RANK_TOL = 1e-9
 #: medians), 3 passed 2.6% of 2000 draws at 3 repeats each and 0.15% at 10;
 #: 4 passes 0.75% and none.
 MIN_REPEAT_SIGNIFICANCE = 4.0
-#: The relative floor of a configuration's standard error in such a fit (a
-#: configuration whose repeats are identical is not infinitely certain).
+#: The relative floor of a configuration's standard error in such a fit
+#: when ``min_relative_error`` is 0 (a configuration whose repeats are
+#: identical is not infinitely certain).
 _MIN_RELATIVE_SE = 1e-9
 
 
@@ -465,6 +466,14 @@ class ThroughputModel:
             and at least p), fit from the repeated observations of each
             instead of refusing (default False; see "Fewer configurations"
             above).
+        min_relative_error: in a fit from repeats, the least relative
+            standard error a configuration's time is given (float in
+            [0, 1); default 0: its repeats' scatter alone). The repeats of
+            one visit are consecutive and share the machine's load of the
+            moment, so their scatter understates how far the next visit's
+            time may lie; a floor of, say, 0.1 says "a visit's mean is good
+            to 10%", and predictions, their standard errors and the
+            significance test all follow from it.
 
     Example:
 
@@ -479,10 +488,17 @@ class ThroughputModel:
     True
     >>> round(model.predict_throughput(256).value)   # 256 / (0.003 + 256 * 5e-5)
     16203
+    >>> noisy = ThroughputModel(warmup=0, repeats=True, min_relative_error=0.1)
+    >>> for b, t in ((32, 0.010), (64, 0.012)):   # two visits, 4 identical repeats each
+    ...     for _ in range(4):
+    ...         _ = noisy.observe(b, t)
+    >>> p = noisy.fit().predict_step_time(64, tentative=True)
+    >>> round(p.relative_std, 3)   # the floor, not the repeats' zero scatter
+    0.1
     """
 
     def __init__(self, warmup=2, window=256, min_observations=3, statistic="mean",
-                 repeats=False):
+                 repeats=False, min_relative_error=0.0):
         for name, value, minimum in (("warmup", warmup, 0), ("window", window, 1),
                                      ("min_observations", min_observations, 1)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
@@ -495,7 +511,13 @@ class ThroughputModel:
             raise ValueError(f"statistic={statistic!r} is not valid; use 'mean' or 'median'")
         if not isinstance(repeats, bool):
             raise ValueError(f"repeats={repeats!r} is not valid; use True or False")
+        if isinstance(min_relative_error, bool) or not isinstance(min_relative_error, numbers.Real) \
+                or not 0.0 <= min_relative_error < 1.0:
+            raise ValueError(f"min_relative_error={min_relative_error!r} is not valid; pass the "
+                             "least relative standard error of a visit's time as a float in "
+                             "[0, 1), e.g. 0.1 for 10%")
         self.repeats = repeats
+        self.min_relative_error = float(min_relative_error)
         self.warmup = int(warmup)
         self.window = int(window)
         self.min_observations = int(min_observations)
@@ -736,7 +758,8 @@ class ThroughputModel:
         :data:`MIN_REPEAT_SIGNIFICANCE` standard errors and the fit explains
         the differences (its chi-square at most ``MAX_ERROR_RATIO**2`` of the
         constant's). The parameters' covariance is inflated by the
-        chi-square per degree of freedom when that exceeds 1."""
+        chi-square per degree of freedom when that exceeds 1. No standard
+        error is below ``min_relative_error`` of its time."""
         c = len(times)
         kept = chosen["kept"]
         p = len(kept)
@@ -745,7 +768,7 @@ class ThroughputModel:
             why = ("a configuration has a single observation, so its scatter is unknown"
                    if se is None else f"{p} term(s) are identified")
             return unusable(f"{needed}; nor can the repeats decide: {why}")
-        se = np.maximum(se, _MIN_RELATIVE_SE * times)
+        se = np.maximum(se, max(self.min_relative_error, _MIN_RELATIVE_SE) * times)
         w = 1.0 / se ** 2
         a = scaled[:, kept]
         normal = a.T @ (a * w[:, None])

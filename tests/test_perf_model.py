@@ -280,6 +280,42 @@ def test_two_configurations_fit_from_their_repeats_by_hand():
         math.sqrt(math.pi / 2.0 * (var1 + var2)) / 32, rel=1e-6)
 
 
+def test_a_floor_on_the_relative_error_replaces_a_smaller_scatter():
+    # The hand-worked two-configuration fit of the test above, with each
+    # visit good to 10% at best: se 1.32 ms and 1.63 ms (the floor; the
+    # repeats' 0.12 and 0.17 ms are smaller), so T(128) = -2 T(32) + 3 T(64)
+    # has variance 4 x 1.32^2 + 9 x 1.63^2 (ms^2), and the two means differ
+    # by 3.1 / sqrt(1.32^2 + 1.63^2) = 1.48 standard errors: not usable, but
+    # fitted, with the same line.
+    model = ThroughputModel(warmup=0, repeats=True, min_relative_error=0.1)
+    for b, times in ((32, (0.0130, 0.0134, 0.0132)), (64, (0.0160, 0.0166, 0.0163))):
+        for t in times:
+            model.observe(b, t)
+    fit = model.fit()
+    assert not fit.usable and fit.fitted and fit.evidence == "repeats"
+    assert "differ from a constant by 1.48 standard errors, fewer than 4" in fit.reason
+    se32, se64 = 0.1 * 0.0132, 0.1 * 0.0163
+    assert fit.params["per_sample"] == pytest.approx(0.0031 / 32, rel=1e-9)
+    assert fit.stderr["per_sample"] == pytest.approx(math.hypot(se32, se64) / 32, rel=1e-9)
+    p = fit.predict_step_time(128, tentative=True)
+    assert p.value == pytest.approx(0.0225, rel=1e-9)
+    assert p.std == pytest.approx(math.sqrt(4 * se32 ** 2 + 9 * se64 ** 2), rel=1e-9)
+    # a scatter above the floor is kept: 30% noise, floor 10%
+    wide = ThroughputModel(warmup=0, repeats=True, min_relative_error=0.1)
+    scatter = {32: (0.008, 0.013, 0.018), 64: (0.010, 0.016, 0.022)}  # sd 5 and 6 ms
+    for b, times in scatter.items():
+        for t in times:
+            wide.observe(b, t)
+    se = [0.005 / math.sqrt(3), 0.006 / math.sqrt(3)]
+    assert wide.fit().stderr["per_sample"] == pytest.approx(math.hypot(*se) / 32, rel=1e-9)
+    # the held-out fit (4 configurations) takes its errors from the residuals: no floor
+    exact = [ThroughputModel(warmup=0, min_observations=1, min_relative_error=f) for f in (0, 0.1)]
+    for model in exact:
+        for b in (16, 32, 64, 128):
+            model.observe(b, 0.002 + 1e-4 * b)
+    assert exact[0].fit().stderr == exact[1].fit().stderr
+
+
 def test_repeats_fit_refuses_what_it_cannot_judge():
     one = ThroughputModel(warmup=0, min_observations=1, repeats=True)
     one.observe(32, 0.013)
@@ -346,6 +382,11 @@ def test_the_fit_depends_on_the_observations_not_their_interleaving():
      "min_observations=5 exceeds window=4; .* lower min_observations or raise window"),
     (lambda m: ThroughputModel(statistic="mode"), "statistic='mode' is not valid; use 'mean' or"),
     (lambda m: ThroughputModel(repeats=1), "repeats=1 is not valid; use True or False"),
+    (lambda m: ThroughputModel(min_relative_error=1.0),
+     r"min_relative_error=1.0 is not valid; .* \[0, 1\), e.g. 0.1 for 10%"),
+    (lambda m: ThroughputModel(min_relative_error=-0.1), "min_relative_error=-0.1 is not valid"),
+    (lambda m: ThroughputModel(min_relative_error=math.nan), "min_relative_error=nan is not valid"),
+    (lambda m: ThroughputModel(min_relative_error="10%"), "min_relative_error='10%' is not valid"),
 ])
 def test_bad_input_is_refused_with_the_value_and_the_fix(call, message):
     model = ThroughputModel()
