@@ -308,12 +308,27 @@ def test_a_floor_on_the_relative_error_replaces_a_smaller_scatter():
             wide.observe(b, t)
     se = [0.005 / math.sqrt(3), 0.006 / math.sqrt(3)]
     assert wide.fit().stderr["per_sample"] == pytest.approx(math.hypot(*se) / 32, rel=1e-9)
-    # the held-out fit (4 configurations) takes its errors from the residuals: no floor
-    exact = [ThroughputModel(warmup=0, min_observations=1, min_relative_error=f) for f in (0, 0.1)]
-    for model in exact:
-        for b in (16, 32, 64, 128):
-            model.observe(b, 0.002 + 1e-4 * b)
-    assert exact[0].fit().stderr == exact[1].fit().stderr
+    # a held-out fit (4 configurations on an exact line: zero residuals)
+    # takes the residuals' relative variance as 0.1^2: the covariance of the
+    # fit on relative rows [b/T, 1/T] is 0.01 (A'A)^-1; MAPE and usability
+    # do not change
+    batches = np.array([16.0, 32.0, 64.0, 128.0])
+    times = 0.002 + 1e-4 * batches
+    fits = []
+    for floor in (0.0, 0.1):
+        model = ThroughputModel(warmup=0, min_observations=1, min_relative_error=floor)
+        for b, t in zip(batches, times):
+            model.observe(int(b), float(t))
+        fits.append(model.fit())
+    assert fits[0].stderr["per_sample"] == pytest.approx(0.0, abs=1e-12)
+    a = np.stack([batches / times, 1.0 / times], axis=1)
+    se = 0.1 * np.sqrt(np.diag(np.linalg.inv(a.T @ a)))
+    assert fits[1].stderr["per_sample"] == pytest.approx(se[0], rel=1e-9)
+    assert fits[1].stderr["per_micro_step"] == pytest.approx(se[1], rel=1e-9)
+    assert fits[1].usable and fits[1].mape == fits[0].mape and fits[1].params == fits[0].params
+    x = np.array([256.0, 1.0])
+    p = fits[1].predict_step_time(256)
+    assert p.std == pytest.approx(np.sqrt(x @ (0.01 * np.linalg.inv(a.T @ a)) @ x), rel=1e-9)
 
 
 def test_repeats_fit_refuses_what_it_cannot_judge():
