@@ -144,10 +144,13 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     0.75 (M <= phi/3 + 4 M0/3), caps that loss.
     Decisions are quantised (powers of two), use only the agreed noise
     scale and step times agreed over the workers, and take a step-time
-    difference into account only beyond its uncertainty; timing noise can
-    still change a decision whose price lies near the hysteresis (measured:
-    one run in three of two of twelve seeds and tasks, docs/policies.md,
-    "Moving to the best batch at once"). Where the linear
+    difference into account only beyond its uncertainty, each visit's time
+    counting as good to 10% at best (the default model's
+    ``min_relative_error``), so the load of the moment does not decide. A
+    real step-time difference whose price lies on the hysteresis still can
+    (measured: one decision after the target, on one of twelve seeds and
+    tasks, in three runs; docs/policies.md, "A visit's time is good to 10%
+    at best, measured"). Where the linear
     step-time model misfits (flat up to a batch, rising after), its errors
     stay wide and the policy prices even a measured cost near flat.
 
@@ -164,11 +167,13 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         warmup_updates: optimizer updates the statistics must cover before
             the first decision (independent of ``stats_interval``).
         throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel`
-            to feed and predict with (default: a new
-            ``ThroughputModel(warmup=1, statistic="median", repeats=True)``:
-            the first interval after a change pays for new shapes; the
-            median ignores an interval with an evaluation; two batches and
-            their repeats make a usable fit when their times differ).
+            to feed and predict with (default: :class:`UpdateTimer`'s, a new
+            ``ThroughputModel(warmup=1, statistic="median", repeats=True,
+            min_relative_error=0.1)``: the first interval after a change
+            pays for new shapes; the median ignores an interval with an
+            evaluation; two batches and their repeats make a usable fit when
+            their times differ; a visit's time is good to 10% at best, so
+            the load of the moment does not decide).
         scaling_rule: how the learning rate follows the batch (default
             ``"adascale"``: AdaScale's gain from the same noise scale, as
             Pollux pairs it with goodput; ``None`` leaves the rate alone).

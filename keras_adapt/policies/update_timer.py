@@ -9,15 +9,16 @@ from keras_adapt.perf_model import ThroughputModel
 #: The least relative standard error the policies' throughput model gives
 #: one visit's step time (``min_relative_error``). A policy times a batch on
 #: one visit of a few intervals; the next run's visit of the same batch
-#: differs by more than those intervals' scatter says (measured: the same
-#: batch's median update time moved 5-25% between repeated runs of one seed
-#: on two CPU workers). With the scatter alone, decisions whose price lay
+#: differs by more than those intervals' scatter says (measured on two CPU
+#: workers: a batch's median update time varied between three runs of one
+#: seed by 7% as the median coefficient of variation over 40 batches
+#: visited, quartiles 5% and 12%). With the scatter alone, decisions whose price lay
 #: within that noise of the hysteresis changed from run to run. With 10%
 #: they do not (simulated with 5-10% load between visits: the same decision
 #: in 400 of 400 draws, against 55-70% without the floor); the price is a
-#: coarser resolution: from two visited batches a doubling's cost counts
-#: only where its step time rises by about 1.7x or more (docs/policies.md,
-#: "Why it is stable").
+#: coarser resolution: a doubling's cost counts only where its step time
+#: rises by about 1.5x or more (1.6x to 1.8x from two visited batches)
+#: (docs/policies.md, "Why it is stable").
 VISIT_ERROR = 0.1
 
 
