@@ -39,8 +39,9 @@ same seeded, sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
   dataset's micro-batch;
 * ``goodput`` ``GoodputBatchSizePolicy`` with the library's defaults (no
   per-task setting): same start, its default AdaScale rule; up to the
-  batch with the most goodput while every sample keeps efficiency >= the
-  floor (0.75 on the sample budget, 1/3 on ``--budget progress``), step
+  batch with the most goodput while every sample keeps efficiency
+  phi / (phi + M) >= the floor (2/3 on the sample budget, M <= phi / 2;
+  1/3 on ``--budget progress``, M <= 2 phi), step
   times from its throughput model or flat before it has a fit
   (docs/policies.md).
 
@@ -155,7 +156,10 @@ update 751 (569 updates, as the small batch). Hence 0.75 on samples (those
 runs grew one doubling per decision; the policy now moves to its best
 batch at once, which changed seed 1 of the teacher-student tasks only). On
 progress epochs the floor is 1/3 (docs/policies.md, "Moving to the best
-batch at once").
+batch at once"). Those floors were on Pollux's E(M) against the small
+batch; they are now on phi / (phi + M), 2/3 and 1/3, which bounds the
+batch by the noise scale alone (docs/policies.md, "The floor against the
+noise scale alone").
 """
 
 import argparse

@@ -13,7 +13,8 @@ import keras
 import keras_adapt
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.perf_model import ThroughputModel
-from keras_adapt.policies import (GoodputBatchSizePolicy, goodput_gain, statistical_efficiency,
+from keras_adapt.policies import (GoodputBatchSizePolicy, default_min_efficiency,
+                                  examples_efficiency, goodput_gain, statistical_efficiency,
                                   step_time_ratio)
 from test_policies import _drive, _model
 
@@ -50,8 +51,9 @@ def test_the_default_adascale_gain_is_the_scale_times_the_efficiency():
     # The policy's default learning-rate rule reads the same noise scale:
     # with |G|^2 = 1 and tr(Sigma) = phi = 96 at base batch 32, sigma^2 = 3
     # and AdaScale's gain at 128 (scale 4) is (3 + 1) / (3/4 + 1) = 16/7,
-    # which is 4 x E(128) = 4 x 128/224: at the efficiency floor the rate
-    # is min_efficiency x the linearly scaled one.
+    # which is 4 x E(128) = 4 x 128/224. E(M) = e(M) / e(M0) >= e(M), so at
+    # the efficiency floor the rate is at least min_efficiency x the
+    # linearly scaled one.
     policy = GoodputBatchSizePolicy(min_batch=32, max_batch=512, micro_batch_size=32)
     assert type(policy.scaling_rule).__name__ == "AdaScale"
     gain = policy.scaling_rule.factor(4.0, {"grad_sqr": 1.0, "grad_var": 96.0}, base_batch=32)
@@ -63,32 +65,33 @@ def test_the_default_adascale_gain_is_the_scale_times_the_efficiency():
 def test_flat_step_times_grow_to_the_largest_batch_the_floor_allows():
     # No usable fit (nothing observed): step times flat, so the goodput
     # gain of M over C is M E(M) / (C E(C)), rising with M, and the floor
-    # decides how far.
+    # on e(M) = phi / (phi + M) decides how far: M <= phi / 2 at 2/3.
     policy = GoodputBatchSizePolicy(min_batch=32, max_batch=1024, micro_batch_size=32)
-    assert (policy.min_efficiency, policy.hysteresis) == (0.75, 0.25)
+    assert (policy.min_efficiency, policy.hysteresis) == (2.0 / 3.0, 0.25)
     c = policy.choose(32, gns=200.0)
-    # E(64) = 232/264 = 0.8788; gain 2 x 0.8788 = 1.758 > 1.25; E(128) < 0.75
+    # e(64) = 200/264 = 0.758; gain 2 x E(64) = 2 x 232/264 = 1.758 > 1.25;
+    # e(128) = 200/328 < 2/3
     assert (c.batch, c.step_times) == (64, "flat")
-    assert "x1.758" in c.reason and "efficiency 0.879" in c.reason
+    assert "x1.758" in c.reason and "efficiency 0.758" in c.reason
     assert c.fit_reason.startswith("no configuration has 3 observations")
-    # E(128) = 232/328 = 0.707 < 0.75: stay at 64
+    # e(128) = 200/328 = 0.610 < 2/3: stay at 64
     c = policy.choose(64, gns=200.0)
-    assert c.batch == 64 and "efficiency 0.707 at 128 < 0.75" in c.reason
-    # at gns 400, E(128) = 432/528 = 0.818: grow; E(256) = 432/656 = 0.659: not beyond
+    assert c.batch == 64 and "efficiency 0.610 at 128 < 0.666667" in c.reason
+    # at gns 400, e(128) = 400/528 = 0.758: grow; e(256) = 400/656 = 0.610: not beyond
     assert policy.choose(64, gns=400.0).batch == 128
     assert policy.choose(128, gns=400.0).batch == 128
-    c = policy.choose(32, gns=400.0)  # two doublings at once: x4 x 0.818 = x3.273
-    assert c.batch == 128 and "goodput x3.273 at 128, efficiency 0.818" in c.reason
-    # E(1024) = 1000032/1001024 >= 0.75: straight to max_batch
+    c = policy.choose(32, gns=400.0)  # two doublings at once: x4 x E(128) = x4 x 432/528 = x3.273
+    assert c.batch == 128 and "goodput x3.273 at 128, efficiency 0.758" in c.reason
+    # e(1024) = 1e6/1001024 >= 2/3: straight to max_batch
     assert policy.choose(32, gns=1e6).batch == 1024
-    # a lower floor allows more: E(256) = 432/656 = 0.659 >= 0.5 > E(512) = 432/912
+    # a lower floor allows more: e(256) = 0.610 >= 0.5 > e(512) = 400/912
     assert GoodputBatchSizePolicy(32, 1024, min_efficiency=0.5, micro_batch_size=32).choose(
         32, gns=400.0).batch == 256
-    # down only below min_efficiency / (1 + hysteresis) = 0.6:
-    # E(128) at gns 150 = 182/278 = 0.655 (stay), at gns 100 = 132/228 = 0.579 (down)
+    # down only below min_efficiency / (1 + hysteresis) = 0.533:
+    # e(128) at gns 150 = 150/278 = 0.540 (stay), at gns 100 = 100/228 = 0.439 (down)
     assert policy.choose(128, gns=150.0).batch == 128
     c = policy.choose(128, gns=100.0)
-    assert c.batch == 64 and "efficiency 0.579 at 128 < 0.75" in c.reason
+    assert c.batch == 64 and "efficiency 0.439 at 128 < 0.666667" in c.reason
     assert policy.choose(1024, gns=1e6).reason == "1024 is max_batch"
 
 
@@ -118,11 +121,12 @@ def test_a_usable_fit_prices_the_step_times():
 def test_the_move_up_is_to_the_best_goodput_the_floor_allows():
     # T(b) = 4 ms + 0.1 ms x b, fitted exactly: goodput M E(M) / T(M) at
     # gns 2000 peaks at 256 (computed here from the formula, not the
-    # policy), below the largest batch the floor allows (512: E = 0.811).
+    # policy), below the largest batch the floor allows (512: e = 2000/2512
+    # = 0.796 >= 2/3 > e(1024) = 0.661).
     policy = _attached(_exact_model(lambda b: 0.004 + 1e-4 * b))
     goodput = {m: m * statistical_efficiency(m, 32, 2000.0) / (0.004 + 1e-4 * m)
                for m in (32, 64, 128, 256, 512, 1024)}
-    allowed = [m for m in goodput if m > 32 and statistical_efficiency(m, 32, 2000.0) >= 0.75]
+    allowed = [m for m in goodput if m > 32 and examples_efficiency(m, 2000.0) >= 2.0 / 3.0]
     assert allowed == [64, 128, 256, 512]
     best = max(allowed, key=goodput.get)
     assert best == 256  # the case this test is about: neither the next doubling nor the floor's
@@ -199,7 +203,8 @@ def test_a_refused_fit_within_its_errors_prices_nothing():
     flat = 2 * statistical_efficiency(64, 32, 300.0)  # E(64) = 332/364: x1.824
     assert (c.batch, c.step_times) == (64, "tentative") and f"x{flat:.3f}" in c.reason
     # uncapped, the largest batch the floor allows, also priced flat:
-    # E(128) = 332/428 = 0.776 >= 0.75 > E(256) = 332/556, x4 x 0.776 = x3.103
+    # e(128) = 300/428 = 0.701 >= 2/3 > e(256) = 300/556; x4 x E(128) = x4 x
+    # 332/428 = x3.103
     c = _attached(model).choose(32, gns=300.0)
     flat = 4 * statistical_efficiency(128, 32, 300.0)
     assert (c.batch, c.step_times) == (128, "tentative") and f"x{flat:.3f} at 128" in c.reason
@@ -283,7 +288,7 @@ def test_two_batches_and_their_repeats_price_the_next_doubling():
 def test_two_batches_of_noise_are_not_taken_for_a_model():
     # 10% noise around a flat 8 ms at 32 and 64 (10 intervals each, their
     # medians as the policy's model takes them): the repeats find no slope
-    # and the decision is the flat one (E(128) at gns 300 = 0.776 >= 0.75:
+    # and the decision is the flat one (e(128) at gns 300 = 0.701 >= 2/3:
     # up) in every draw.
     decisions, usable = set(), 0
     for seed in range(100):
@@ -314,10 +319,10 @@ def test_decisions_do_not_flip_on_timing_noise():
         policy = _attached(model)
         decisions.add(tuple(policy.choose(m, gns=g).batch
                             for m, g in ((32, 300.0), (64, 300.0), (128, 300.0), (128, 150.0),
-                                         (256, 300.0))))
-    # E(64) 0.912, E(128) 0.776: grow, from 32 to 128 at once; E(256) 0.597:
-    # stay at 128; at gns 150 E(128) 0.655 >= 0.6: stay; at 256 with gns
-    # 300 E = 0.597 < 0.6: down
+                                         (256, 250.0))))
+    # e(64) 0.824, e(128) 0.701 >= 2/3: grow, from 32 to 128 at once; e(256)
+    # 0.540: stay at 128; at gns 150 e(128) 0.540 >= 0.533 (the dead band):
+    # stay; at 256 with gns 250 e = 0.494 < 0.533: down
     assert decisions == {(128, 128, 128, 128, 128)}
     assert usable < 100  # most such fits are refused
 
@@ -325,13 +330,14 @@ def test_decisions_do_not_flip_on_timing_noise():
 def _visit_noise_decisions(step_ms, throughput_model=None, visited=(32, 256), gns=220.0,
                            draws=200):
     """The decision at the last ``visited`` batch on the next doubling (the
-    largest candidate) at noise scale ``gns``, floor 1/3, over ``draws``
+    largest candidate) at noise scale ``gns`` over ``draws``
     runs whose every visit has its own load (10%) and each interval its own
-    noise (5%): what repeated runs of one seed see. One policy
+    noise (5%): what repeated runs of one seed see. The floor, 0.3, lets
+    every case below move (at 1/3, 512 at gns 220 is beyond 2 x 220). One policy
     (``throughput_model`` None: its default model), its model reset for
     every draw."""
     decisions = []
-    policy = _attached(throughput_model, max_batch=2 * visited[-1], min_efficiency=1.0 / 3.0,
+    policy = _attached(throughput_model, max_batch=2 * visited[-1], min_efficiency=0.3,
                        max_micro_batch_size=2 * visited[-1])  # k = 1 throughout
     for seed in range(draws):
         rng = np.random.default_rng(seed)
@@ -391,10 +397,10 @@ def test_scripted_run_records_decisions_and_feeds_the_model():
     script = [(10, 200.0 * n), (60, 1000.0 * n), (110, 1000.0 * n), (150, 1000.0 * n),
               (160, 20.0 * n)]
     changes = _drive(policy, model, script)
-    # gns 200: E(32) = 216/232 = 0.93, E(64) = 216/264 = 0.82, E(128) =
-    # 216/328 = 0.66 -> 64 at 10 (two doublings at once); 50 updates later,
-    # gns 1000: E(256) = 1016/1256 = 0.81 -> 256 = max_batch; gns 20:
-    # E(256) = 36/276 = 0.13 < 0.6 -> one halving, 128 (at n = 1; the same
+    # gns 200: e(32) = 200/232 = 0.86, e(64) = 200/264 = 0.76, e(128) =
+    # 200/328 = 0.61 < 2/3 -> 64 at 10 (two doublings at once); 50 updates
+    # later, gns 1000: e(256) = 1000/1256 = 0.80 -> 256 = max_batch; gns 20:
+    # e(256) = 20/276 = 0.07 < 0.53 -> one halving, 128 (at n = 1; the same
     # ratios at any n)
     assert changes == [(10, 16 * n, 64 * n), (60, 64 * n, 256 * n), (160, 256 * n, 128 * n)]
     reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
@@ -403,7 +409,7 @@ def test_scripted_run_records_decisions_and_feeds_the_model():
     assert reasons[1].startswith(f"goodput x{4 * 1016 / 1256 / (1016 / 1064):.3f} at {256 * n}")
     # the last is the efficiency floor's, whatever the fit of the two
     # accumulations observed by then says (it depends on the real timings)
-    assert reasons[2].startswith(f"efficiency 0.130 at {256 * n} < 0.75")
+    assert reasons[2].startswith(f"efficiency 0.072 at {256 * n} < 0.666667")
     # one observation per interval, at the configuration it ran (b, N, k);
     # the first interval of each visit is dropped (warm-up): k = 1 ran one
     # interval, k = 4 five (ending at 20..60), k = 16 ten (70..160)
@@ -447,16 +453,53 @@ def test_the_default_floor_follows_what_ends_the_epochs():
     kwargs = dict(micro_batch_size=32, samples_per_epoch=1000)
     floors = {end: GoodputBatchSizePolicy(32, 512, epoch_end=end, **kwargs).min_efficiency
               for end in (None, "samples", "progress")}
-    assert floors == {None: 0.75, "samples": 0.75, "progress": 1.0 / 3.0}
-    # E(M) >= 1/3 allows M <= 2 phi + 3 M0: at phi = 100, 296 -> 256 from 32
+    assert floors == {None: 2.0 / 3.0, "samples": 2.0 / 3.0, "progress": 1.0 / 3.0}
+    assert default_min_efficiency("progress") == 1.0 / 3.0
+    # e(M) >= 1/3 allows M <= 2 phi: at phi = 100, 200 -> 128 from 32
     policy = GoodputBatchSizePolicy(32, 512, epoch_end="progress", **kwargs)
-    assert policy.choose(32, gns=100.0).batch == 256
-    assert statistical_efficiency(296, 32, 100.0) == pytest.approx(1.0 / 3.0)
+    assert policy.choose(32, gns=100.0).batch == 128
+    assert examples_efficiency(200, 100.0) == pytest.approx(1.0 / 3.0)
     # an explicit floor wins, and the config keeps the resolved one
-    policy = GoodputBatchSizePolicy(32, 512, epoch_end="progress", min_efficiency=0.75, **kwargs)
-    assert policy.min_efficiency == 0.75 and policy.choose(32, gns=100.0).batch == 64
+    policy = GoodputBatchSizePolicy(32, 512, epoch_end="progress", min_efficiency=0.6, **kwargs)
+    assert policy.min_efficiency == 0.6 and policy.choose(32, gns=100.0).batch == 64
     config = GoodputBatchSizePolicy(32, 512, epoch_end="progress", **kwargs).get_config()
     assert GoodputBatchSizePolicy.from_config(config).min_efficiency == 1.0 / 3.0
+
+
+def test_examples_efficiency_is_mccandlish_minimal_samples_over_samples():
+    # McCandlish et al.: reaching a loss at batch M takes E = E_min (1 + M /
+    # B_noise) samples and S = S_min (1 + B_noise / M) steps; a sample's
+    # worth is E_min / E. Half at the critical batch, a third at twice it.
+    for phi in (20.0, 150.0, 4000.0):
+        for m in (8, 32, 256, 4096):
+            e_min = 1.0e6  # any
+            assert examples_efficiency(m, phi) == pytest.approx(e_min / (e_min * (1 + m / phi)))
+    assert examples_efficiency(150, 150.0) == 0.5
+    assert examples_efficiency(300, 150.0) == pytest.approx(1.0 / 3.0)
+    # Pollux's E against a base batch M0 is the ratio of two of them
+    assert statistical_efficiency(128, 32, 50.0) == pytest.approx(
+        examples_efficiency(128, 50.0) / examples_efficiency(32, 50.0))
+
+
+def test_the_floor_bounds_the_batch_by_the_noise_scale_whatever_min_batch_is():
+    # phi = 100 on progress epochs: e(M) >= 1/3 is M <= 200, from any start.
+    # (Against min_batch, E(M) >= 1/3 was M <= 2 phi + 3 M0: 224, 296 and
+    # 392 for these three, so 128, 256 and 256.)
+    kwargs = dict(epoch_end="progress", samples_per_epoch=1000)
+    for start in (8, 32, 64):
+        policy = GoodputBatchSizePolicy(start, 1024, micro_batch_size=start, **kwargs)
+        assert policy.choose(start, gns=100.0).batch == 128, start
+    # digits at its first decision (phi 30.5, seed 0 of the benchmark):
+    # 64 would be over twice the noise scale, so the batch stays at 32; the
+    # floor against min_batch allowed 2 x 30.5 + 96 = 157, and it went to 128
+    c = GoodputBatchSizePolicy(32, 512, micro_batch_size=32, **kwargs).choose(32, gns=30.5)
+    assert c.batch == 32
+    assert c.reason == "efficiency 0.323 at 64 < 0.333333 (gns 30.5)"  # 30.5 / 94.5
+    assert statistical_efficiency(128, 32, 30.5) > 1.0 / 3.0  # the old floor's 128
+    # phi 44.3 (seed 1): 64 <= 88.6 < 128, so 64; goodput x2 x 76.3/108.3
+    c = GoodputBatchSizePolicy(32, 512, micro_batch_size=32, **kwargs).choose(32, gns=44.3)
+    assert c.batch == 64 and f"goodput x{goodput_gain(64, 32, 44.3):.3f} at 64" in c.reason
+    assert "efficiency 0.409" in c.reason  # 44.3 / 108.3
 
 
 def test_config_round_trip_and_bad_arguments():

@@ -10,6 +10,7 @@ from keras_adapt.policies.goodput_batch_size import (
     GoodputBatchSizePolicy,
     GoodputChoice,
     default_min_efficiency,
+    examples_efficiency,
     goodput_gain,
     statistical_efficiency,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "TrainingProgress",
     "UpdateTimer",
     "default_min_efficiency",
+    "examples_efficiency",
     "goodput_gain",
     "statistical_efficiency",
     "step_time_ratio",

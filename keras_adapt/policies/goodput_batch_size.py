@@ -23,6 +23,27 @@ def statistical_efficiency(batch, base_batch, gns):
     return (gns + base_batch) / (gns + batch)
 
 
+def examples_efficiency(batch, gns):
+    """What a sample at batch M is worth against one at a vanishing batch:
+    ``phi / (phi + M)``, phi = B_simple.
+
+    McCandlish et al. (2018): training to a given loss at batch M takes
+    ``E_min (1 + M / phi)`` samples, so each is worth ``E_min / E`` of the
+    least: 1/2 at the critical batch M = phi, 1/3 at 2 phi. Unlike
+    :func:`statistical_efficiency` it does not depend on a base batch, so a
+    floor on it bounds the batch by a multiple of the noise scale alone:
+    ``examples_efficiency >= e`` means ``M <= phi (1 - e) / e``. The floor
+    of :class:`GoodputBatchSizePolicy` is on it.
+
+    Example:
+
+    >>> from keras_adapt.policies import examples_efficiency
+    >>> examples_efficiency(64, 32.0)   # twice the noise scale: a third
+    0.3333333333333333
+    """
+    return gns / (gns + batch)
+
+
 def goodput_gain(batch, current, gns, time_ratio=1.0):
     """Goodput at global batch ``batch`` over goodput at ``current``.
 
@@ -47,24 +68,25 @@ def goodput_gain(batch, current, gns, time_ratio=1.0):
 def default_min_efficiency(epoch_end):
     """The efficiency floor :class:`GoodputBatchSizePolicy` uses by default.
 
-    What a sample at low efficiency costs depends on what ends the epochs
-    (``epoch_end`` of :class:`BatchSizePolicy`). On progress
+    The floor is on :func:`examples_efficiency`, phi / (phi + M), so it
+    bounds the batch by a multiple of the noise scale: ``M <= phi (1 - e) /
+    e``. What a sample at low efficiency costs depends on what ends the
+    epochs (``epoch_end`` of :class:`BatchSizePolicy`). On progress
     (``"progress"``) a less efficient batch trains on more samples for the
     same progress: it costs time, which goodput already prices, so the floor
-    only bounds how far beyond the noise scale the batch may go: 1/3, at
-    most three samples for one sample's progress at the base batch (about
-    twice the noise scale, where :class:`GNSBatchSizePolicy` aims). On
-    samples (``"samples"``, or ``None``: ``fit``'s own epochs) the samples
-    are fixed and a less efficient batch ends with less progress, so lower
-    accuracy: 0.75 (docs/policies.md, "The goodput policy's accuracy").
+    only bounds how far beyond the noise scale the batch may go: 1/3, M <= 2
+    phi, where :class:`GNSBatchSizePolicy` aims. On samples (``"samples"``,
+    or ``None``: ``fit``'s own epochs) the samples are fixed and a less
+    efficient batch ends with less progress, so lower accuracy: 2/3, M <=
+    phi / 2 (docs/policies.md, "The goodput policy's accuracy").
 
     Example:
 
     >>> from keras_adapt.policies import default_min_efficiency
     >>> default_min_efficiency("progress"), default_min_efficiency(None)
-    (0.3333333333333333, 0.75)
+    (0.3333333333333333, 0.6666666666666666)
     """
-    return 1.0 / 3.0 if epoch_end == "progress" else 0.75
+    return 1.0 / 3.0 if epoch_end == "progress" else 2.0 / 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +122,9 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     goodput(M) = throughput(M) x E(M): samples per second, discounted by how
     much each sample is worth at batch M given the noise scale phi
     (:func:`statistical_efficiency`, Pollux, OSDI'21, relative to
-    ``min_batch``). The candidates are ``min_batch x 2^i`` up to
+    ``min_batch``); the floor below is on :func:`examples_efficiency`
+    e(M) = phi / (phi + M), the same worth against a vanishing batch, which
+    does not depend on ``min_batch``. The candidates are ``min_batch x 2^i`` up to
     ``max_batch``. Every ``interval`` updates the policy feeds a
     :class:`keras_adapt.perf_model.ThroughputModel` the mean time per
     update since the last time (agreed over the workers in one small
@@ -121,11 +145,11 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
       sides of that gate differently, and timing noise decides on which
       side a fit falls: the same seed made different decisions in about a
       third of repeated runs (docs/policies.md);
-    * **down** one halving, to M/2, when E(M) < ``min_efficiency / (1 +
+    * **down** one halving, to M/2, when e(M) < ``min_efficiency / (1 +
       hysteresis)`` (the noise scale fell) or M/2's goodput beats M's by
       more than ``hysteresis``;
     * otherwise **up**, to the candidate above M with the most goodput among
-      those with E >= ``min_efficiency``, if it beats M's by more than
+      those with e >= ``min_efficiency``, if it beats M's by more than
       ``hysteresis``. With flat step times that is the largest batch the
       floor allows, as Pollux moves to its best batch at once; measured
       step times that grow with the batch stop it sooner.
@@ -133,15 +157,20 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     Why the efficiency floor: with flat step times Pollux's goodput
     ``M/T x (phi + M0)/(phi + M)`` rises with M for ever, so pure goodput
     picks ``max_batch``. It maximises progress per second, not per sample.
-    E(M) >= e means M <= (phi + M0)/e - phi. Its default
-    (:func:`default_min_efficiency`) depends on what ends the epochs: on
-    statistical progress (``epoch_end="progress"``) a less efficient batch
-    only trains on more samples, which goodput prices as time, and the
-    floor, 1/3 (M <= 2 phi + 3 M0), bounds how far beyond the noise scale
-    the batch goes; on samples (a number of epochs, a learning-rate schedule
-    in epochs) S samples at efficiency E make the progress of E x S at the
-    base batch, so the job trades final accuracy for speed, and the floor,
-    0.75 (M <= phi/3 + 4 M0/3), caps that loss.
+    e(M) >= f means M <= phi (1 - f) / f: a multiple of the noise scale,
+    whatever ``min_batch`` is. Its default (:func:`default_min_efficiency`)
+    depends on what ends the epochs: on statistical progress
+    (``epoch_end="progress"``) a less efficient batch only trains on more
+    samples, which goodput prices as time, and the floor, 1/3 (M <= 2 phi,
+    where :class:`GNSBatchSizePolicy` aims), bounds how far beyond the noise
+    scale the batch goes; on samples (a number of epochs, a learning-rate
+    schedule in epochs) S samples make the progress of fewer at a larger
+    batch, so the job trades final accuracy for speed, and the floor, 2/3
+    (M <= phi / 2), caps that loss. (Until this release the floor was on
+    Pollux's E(M) against ``min_batch``: M <= 2 phi + 3 M0 on progress,
+    which on a task whose noise scale is near ``min_batch`` let the batch
+    go to six times the noise scale; docs/policies.md, "The floor against
+    the noise scale alone".)
     Decisions are quantised (powers of two), use only the agreed noise
     scale and step times agreed over the workers, and take a step-time
     difference into account only beyond its uncertainty, each visit's time
@@ -156,9 +185,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
 
     Args:
         min_batch, max_batch: bounds of the global batch.
-        min_efficiency: the floor on E(M) (0 < min_efficiency <= 1; default
-            ``None``: :func:`default_min_efficiency` of ``epoch_end``, 1/3 on
-            progress, 0.75 otherwise).
+        min_efficiency: the floor on :func:`examples_efficiency` e(M) = phi
+            / (phi + M) (0 < min_efficiency <= 1; default ``None``:
+            :func:`default_min_efficiency` of ``epoch_end``, 1/3 on
+            progress, 2/3 otherwise).
         hysteresis: relative goodput gain required for a change, and the
             dead band below ``min_efficiency`` before a move down (>= 0).
         confidence: how many standard errors of the step-time ratio count
@@ -185,11 +215,11 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     >>> policy = GoodputBatchSizePolicy(min_batch=32, max_batch=512, micro_batch_size=32)
     >>> policy.candidates()
     [32, 64, 128, 256, 512]
-    >>> policy.choose(32, gns=200.0).batch     # flat: E(64) = 232/264 >= 0.75, E(128) < 0.75
+    >>> policy.choose(32, gns=200.0).batch     # flat: e(64) = 200/264 >= 2/3, e(128) < 2/3
     64
-    >>> policy.choose(64, gns=200.0).batch     # E(128) = 232/328 < 0.75: stay
+    >>> policy.choose(64, gns=200.0).batch     # e(128) = 200/328 < 2/3: stay
     64
-    >>> policy.choose(32, gns=400.0).batch     # E(128) = 432/528 >= 0.75 > E(256): two doublings
+    >>> policy.choose(32, gns=400.0).batch     # e(128) = 400/528 >= 2/3 > e(256): two doublings
     128
     """
 
@@ -203,7 +233,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             min_efficiency = default_min_efficiency(self.epoch_end)
         self.min_efficiency = _check_float(
             "min_efficiency", min_efficiency, positive=True, high=1.0,
-            fix="a fraction in (0, 1], e.g. 0.75, or None for the default of the epochs' "
+            fix="a fraction in (0, 1], e.g. 0.5, or None for the default of the epochs' "
                 "count (0 would let the batch grow without bound)")
         self.hysteresis = _check_float("hysteresis", hysteresis)
         self.confidence = _check_float("confidence", confidence)
@@ -226,8 +256,8 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         (default: the policy's model's current fit)."""
         fit = self.throughput_model.fit() if fit is None else fit
         kind = "model" if fit.usable else "tentative" if fit.fitted else "flat"
-        eff = {m: statistical_efficiency(m, self.min_batch, gns) for m in self.candidates()}
-        eff[current] = statistical_efficiency(current, self.min_batch, gns)
+        eff = {m: examples_efficiency(m, gns) for m in self.candidates()}
+        eff[current] = examples_efficiency(current, gns)
 
         def gain_at(m):
             """m's goodput over the current one's."""
