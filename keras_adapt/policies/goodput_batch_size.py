@@ -78,7 +78,8 @@ def default_min_efficiency(epoch_end):
     phi, where :class:`GNSBatchSizePolicy` aims. On samples (``"samples"``,
     or ``None``: ``fit``'s own epochs) the samples are fixed and a less
     efficient batch ends with less progress, so lower accuracy: 2/3, M <=
-    phi / 2 (docs/policies.md, "The goodput policy's accuracy").
+    phi / 2 (measured: docs/policies.md, "The floor against the noise scale
+    alone").
 
     Example:
 
