@@ -502,16 +502,46 @@ def test_the_floor_bounds_the_batch_by_the_noise_scale_whatever_min_batch_is():
     assert "efficiency 0.409" in c.reason  # 44.3 / 108.3
 
 
+def test_finer_candidates_are_the_batches_the_actuator_makes():
+    # sqrt(2) steps from 32 below 256: 32, 45.3, 64, 90.5, 128, 181. On one
+    # worker with micro-batches of at most 64, a batch above 64 is made by
+    # accumulation: 91 as 2 x 46 = 92, 181 as 3 x 60 = 180.
+    kwargs = dict(epoch_end="progress", candidates_per_doubling=2)
+    unattached = GoodputBatchSizePolicy(32, 256, micro_batch_size=32, candidates_per_doubling=2)
+    assert unattached.candidates() == [32, 45, 64, 91, 128, 181, 256]
+    policy = _attached(max_batch=256, max_micro_batch_size=64, **kwargs)
+    assert policy.candidates() == [32, 45, 64, 92, 128, 180, 256]
+    assert policy.configuration(180) == (60, 3, 1)
+    # phi = 100, flat step times: e(M) >= 1/3 allows M <= 200, so 180
+    # (e = 100/280), with goodput 180 x 132 / (32 x 280); powers of two
+    # stop at 128 (test above)
+    c = policy.choose(32, gns=100.0)
+    assert c.batch == 180
+    assert f"goodput x{180 * 132 / (32 * 280):.3f} at 180, efficiency 0.357" in c.reason
+    # from 128 the one candidate the floor allows gains 180 x 228 / (128 x
+    # 280) = 1.145 <= 1.25: stay
+    c = policy.choose(128, gns=100.0)
+    assert c.batch == 128 and c.reason.startswith("goodput x1.145 at 180 <= 1.25")
+    # the noise scale falls to 50: e(180) = 50/230 < (1/3) / 1.25, one
+    # candidate down (128), not a halving (92)
+    c = policy.choose(180, gns=50.0)
+    assert c.batch == 128 and c.reason == "efficiency 0.217 at 180 < 0.333333 (gns 50.0)"
+
+
 def test_config_round_trip_and_bad_arguments():
     policy = GoodputBatchSizePolicy(32, 512, min_efficiency=0.6, hysteresis=0.1, confidence=1.0,
+                                    candidates_per_doubling=2,
                                     micro_batch_size=32)
     config = json.loads(json.dumps(policy.get_config()))
+    assert config["candidates_per_doubling"] == 2
     assert GoodputBatchSizePolicy.from_config(config).get_config() == config
     for kwargs, match in (({"min_efficiency": 0}, "min_efficiency=0 is not valid"),
                           ({"min_efficiency": 1.5}, r"min_efficiency=1.5 is not valid; use a fraction"),
                           ({"hysteresis": -0.1}, "hysteresis=-0.1"),
                           ({"confidence": float("nan")}, "confidence=nan"),
-                          ({"min_change_interval": -1}, "min_change_interval=-1")):
+                          ({"min_change_interval": -1}, "min_change_interval=-1"),
+                          ({"candidates_per_doubling": 0}, "candidates_per_doubling=0"),
+                          ({"candidates_per_doubling": 1.5}, "candidates_per_doubling=1.5")):
         with pytest.raises(ValueError, match=match):
             GoodputBatchSizePolicy(32, 512, **kwargs)
     with pytest.raises(TypeError, match="throughput_model=.* is not valid"):
