@@ -30,7 +30,11 @@ def step_time_ratio(now, then, confidence=2.0):
     added, and 0 when it is within that margin: a difference the
     measurements cannot resolve counts as none, and one they can counts
     only beyond its uncertainty. ``now`` and ``then`` are
-    :class:`keras_adapt.perf_model.Prediction` objects.
+    :class:`keras_adapt.perf_model.Prediction` objects. The errors are
+    added, a bound on the log ratio's error whatever the two predictions'
+    correlation; its own, smaller error from the fit's covariance made the
+    batch-size decisions slower and less stable between runs, measured
+    (docs/policies.md, "A finer price of step times, measured").
 
     Example:
 
