@@ -14,7 +14,7 @@ import pytest
 from conftest import controllers, horovodrun, load_rank_results
 from keras_adapt import events
 
-PHASES = ("rebatch", "accumulate", "goodput", "epochs")
+PHASES = ("rebatch", "accumulate", "goodput", "goodput_fine", "epochs")
 
 
 @pytest.fixture(scope="module", params=controllers())
@@ -55,6 +55,23 @@ def test_rebatching_changes_the_micro_batch_at_the_decided_step(run):
     # global batch = workers x micro-batch x k
     after = first["after"]
     assert after["batch_size"] == 2 * after["micro_batch_size"] * after["accumulation"]
+
+
+def test_finer_goodput_candidates_are_batches_two_workers_make(run):
+    # 16 x 2^(i/2) below 256, rounded: 16, 23, 32, 45, 64, 91, 128, 181;
+    # two workers make half of each, rounded half up: 23 -> 11.5 -> 12, so
+    # 24; 45 -> 23, so 46; 91 -> 46, so 92; 181 -> 91, so 182
+    _, (r0, r1) = run
+    r = r0["goodput_fine"]
+    assert r["candidates"] == r1["goodput_fine"]["candidates"] == [
+        16, 24, 32, 46, 64, 92, 128, 182, 256]
+    moves = [e["after"]["batch_size"] for e in r["events"] if e["kind"] == "batch_size"]
+    assert moves and all(m in r["candidates"] for m in moves), moves
+    # the grid between the doublings is used (measured: 24, 64, 92, the
+    # first at a noise scale of about 57, where e(24) >= 2/3 > e(32))
+    assert any(m not in (16, 32, 64, 128, 256) for m in moves), moves
+    assert {2 * b for b in r["step_sizes"]} <= set(r["candidates"])
+    assert r["batch_size"][-1] == moves[-1]
 
 
 def test_accumulation_and_lr_policy_follow_each_other(run):

@@ -6,6 +6,8 @@ Phases (one launch):
   accumulate  GNSBatchSizePolicy through gradient accumulation (k changes)
             plus LRScalingPolicy following it
   goodput   GoodputBatchSizePolicy (host-side timings agreed by allreduce)
+  goodput_fine  the same with candidates_per_doubling=2: batches between the
+            doublings, made as two workers can
   epochs    GNSBatchSizePolicy(epoch_end="progress") with AdaScale: fit without
             steps_per_epoch, each epoch one pass's worth of statistical progress
   sync      SyncStrategyPolicy: a scripted rule (LocalSGD H = 2 from 30, H = 4
@@ -105,6 +107,15 @@ model = build()
 goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_micro_batch_size=128,
                                  warmup_updates=20, min_change_interval=30, interval=15)
 run("goodput", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
+
+# goodput_fine: candidates in steps of sqrt(2), made through the micro-batch on two workers
+ds = AdaptiveBatchDataset(x, y, micro_batch_size=8, seed=2)
+model = build()
+goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_micro_batch_size=128,
+                                 warmup_updates=20, min_change_interval=30, interval=15,
+                                 candidates_per_doubling=2)
+run("goodput_fine", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
+results["goodput_fine"]["candidates"] = goodput.candidates()
 
 # epochs: the policy ends each epoch on statistical progress (no steps_per_epoch;
 # 2002 samples: the pass is 2002, not a multiple of any batch)
