@@ -257,7 +257,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         """Global batches considered: ``min_batch x 2^(i / candidates_per_doubling)``
         below ``max_batch``, then ``max_batch``; once the policy knows its
         batch, each as the actuator would make it (:meth:`configuration`:
-        micro-batch x accumulation x workers), in order and without repeats.
+        micro-batch x accumulation x workers), sorted and without repeats.
 
         Example:
 
