@@ -293,7 +293,8 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         (default: the policy's model's current fit)."""
         fit = self.throughput_model.fit() if fit is None else fit
         kind = "model" if fit.usable else "tentative" if fit.fitted else "flat"
-        eff = {m: examples_efficiency(m, gns) for m in self.candidates()}
+        candidates = self.candidates()
+        eff = {m: examples_efficiency(m, gns) for m in candidates}
         eff[current] = examples_efficiency(current, gns)
 
         def gain_at(m):
@@ -303,7 +304,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             return goodput_gain(m, current, gns, ratio)
 
         threshold = 1.0 + self.hysteresis
-        below = [m for m in self.candidates() if m < current]
+        below = [m for m in candidates if m < current]
         if below:
             down = below[-1]
             if eff[current] < self.min_efficiency / threshold:
@@ -313,7 +314,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
             if gain > threshold:
                 return GoodputChoice(down, f"goodput x{gain:.3f} at {down} ({kind} step "
                                      f"times; gns {gns:.1f})", kind, fit.reason)
-        above = [m for m in self.candidates() if m > current]
+        above = [m for m in candidates if m > current]
         if not above:
             return GoodputChoice(current, f"{current} is max_batch", kind, fit.reason)
         allowed = [m for m in above if eff[m] >= self.min_efficiency]
