@@ -186,6 +186,44 @@ def test_global_batch_decomposition_with_and_without_dataset():
     assert GlobalBatchSize.of(model2) is batch2
 
 
+def _made(batch, target, low, high):
+    b, k = batch.plan(target, low, high)
+    return batch.workers * b * k
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_bounded_plan_stays_within_the_bounds_whenever_a_batch_there_can_be_made(workers):
+    # Independent truth: every global batch the actuator can make, listed.
+    model = _model()
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    fixed = GlobalBatchSize(model, micro_batch_size=16)
+    fixed.workers = workers
+    x, y = _data(n=1000)
+    model2 = _model()
+    model2.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    ds = AdaptiveBatchDataset(x, y, micro_batch_size=16, num_workers=1, rank=0)
+    resizable = GlobalBatchSize(model2, dataset=ds, max_micro_batch_size=24)
+    resizable.workers = workers
+    for batch, makeable in (
+            (fixed, {workers * 16 * k for k in range(1, 300)}),
+            (resizable, {workers * b * k for b in range(1, 25) for k in range(1, 300)})):
+        for low in range(1, 130, 7):
+            for high in range(low, 260, 11):
+                inside = sorted(m for m in makeable if low <= m <= high)
+                assert batch.within(low, high) == bool(inside), (low, high)
+                for target in (low, (low + high) // 2, high):
+                    made = _made(batch, target, low, high)
+                    if inside:
+                        assert low <= made <= high, (batch.dataset, low, high, target, made)
+                    else:  # nothing inside: as without bounds
+                        assert made == _made(batch, target, None, None)
+                    if batch is fixed and inside:  # nearest, ties up
+                        best = min(inside, key=lambda m: (abs(m - target), -m))
+                        assert made == best, (low, high, target, made, best)
+    # Without bounds nothing changed: 16 x 6.5 -> 7 micro-steps
+    assert fixed.plan(104 * workers) == (16, 7)
+
+
 def test_actuators_refuse_a_plain_optimizer_and_bad_values():
     model = _model()
     model.compile(keras.optimizers.SGD(0.1), "mse")

@@ -92,7 +92,7 @@ def test_flat_step_times_grow_to_the_largest_batch_the_floor_allows():
     assert policy.choose(128, gns=150.0).batch == 128
     c = policy.choose(128, gns=100.0)
     assert c.batch == 64 and "efficiency 0.439 at 128 < 0.666667" in c.reason
-    assert policy.choose(1024, gns=1e6).reason == "1024 is max_batch"
+    assert policy.choose(1024, gns=1e6).reason == "1024 is the largest candidate (max_batch=1024)"
 
 
 def test_a_usable_fit_prices_the_step_times():

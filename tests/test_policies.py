@@ -365,6 +365,33 @@ def test_policy_needs_the_distributed_optimizer_before_training():
     assert int(model.optimizer.iterations.numpy()) == 0
 
 
+def test_batches_stay_within_bounds_that_are_no_multiple_of_the_micro_batch():
+    # Micro-batch 32 on one worker: 112 would round to 128 and 100 to 96.
+    model = _model()
+    goodput = GoodputBatchSizePolicy(32, 112, micro_batch_size=32, warmup_updates=0)
+    goodput.set_model(model)
+    goodput.on_train_begin()
+    assert goodput.candidates() == [32, 64, 96]
+    assert goodput.configuration(112) == (32, 3, 1)
+    assert goodput.change_batch(1000, "up") == 96
+    assert goodput.choose(96, gns=1e6).reason == "96 is the largest candidate (max_batch=112)"
+    gns = GNSBatchSizePolicy(100, 400, micro_batch_size=32, warmup_updates=0)
+    model = _model()
+    gns.set_model(model)
+    gns.on_train_begin()   # starts at 32 < min_batch: moves to 128, not 96
+    assert gns.batch.value == 128
+    assert [e["after"]["batch_size"] for e in gns.events if e["kind"] == "batch_size"] == [128]
+
+
+def test_bounds_no_batch_can_lie_in_are_refused_before_the_first_step():
+    model = _model()
+    with pytest.raises(ValueError, match=r"min_batch=40 and max_batch=60 .* micro-batch 32 .*"
+                                         r"the nearest are 32 and 64: widen the bounds"):
+        model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=32, verbose=0,
+                  callbacks=[GNSBatchSizePolicy(40, 60, micro_batch_size=32)])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
 def test_the_custom_policy_in_the_docs_runs():
     import re
 

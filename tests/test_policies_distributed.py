@@ -58,13 +58,14 @@ def test_rebatching_changes_the_micro_batch_at_the_decided_step(run):
 
 
 def test_finer_goodput_candidates_are_batches_two_workers_make(run):
-    # 16 x 2^(i/2) below 256, rounded: 16, 23, 32, 45, 64, 91, 128, 181;
+    # 16 x 2^(i/2) below 255, rounded: 16, 23, 32, 45, 64, 91, 128, 181;
     # two workers make half of each, rounded half up: 23 -> 11.5 -> 12, so
-    # 24; 45 -> 23, so 46; 91 -> 46, so 92; 181 -> 91, so 182
+    # 24; 45 -> 23, so 46; 91 -> 46, so 92; 181 -> 91, so 182; and
+    # max_batch 255 -> 127.5 -> 128 would make 256, above the bound: 254
     _, (r0, r1) = run
     r = r0["goodput_fine"]
     assert r["candidates"] == r1["goodput_fine"]["candidates"] == [
-        16, 24, 32, 46, 64, 92, 128, 182, 256]
+        16, 24, 32, 46, 64, 92, 128, 182, 254]
     moves = [e["after"]["batch_size"] for e in r["events"] if e["kind"] == "batch_size"]
     assert moves and all(m in r["candidates"] for m in moves), moves
     # the grid between the doublings is used (measured: 24, 64, 92, the
@@ -72,6 +73,25 @@ def test_finer_goodput_candidates_are_batches_two_workers_make(run):
     assert any(m not in (16, 32, 64, 128, 256) for m in moves), moves
     assert {2 * b for b in r["step_sizes"]} <= set(r["candidates"])
     assert r["batch_size"][-1] == moves[-1]
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_every_batch_made_lies_within_the_policy_bounds(run, phase):
+    # accumulate: max_batch 120 on 2 workers x 8 (multiples of 16);
+    # goodput_fine: max_batch 255 with micro-batches on 2 workers (even)
+    _, (r0, _) = run
+    r = r0[phase]
+    (low, high), = r["bounds"]
+    made = [e["after"]["batch_size"] for e in r["events"] if e["kind"] == "batch_size"]
+    assert made and all(low <= b <= high for b in made + r["batch_size"]), (low, high, made)
+    assert all(low <= 2 * b * k <= high for b, k in r["step_configurations"]), (low, high)
+
+
+def test_a_bound_that_is_no_multiple_of_the_workers_batch_is_approached_from_within(run):
+    _, (r0, _) = run
+    r = r0["accumulate"]
+    # 120 / 16 = 7.5 would round up to 128
+    assert max(r["batch_size"]) == 112, r["batch_size"]   # 7 x 16 <= 120 < 8 x 16
 
 
 def test_accumulation_and_lr_policy_follow_each_other(run):

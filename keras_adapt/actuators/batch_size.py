@@ -1,5 +1,6 @@
 """GlobalBatchSize: the global batch ``workers x micro-batch x k``, as one knob."""
 
+import itertools
 import math
 
 import tensorflow as tf
@@ -23,7 +24,8 @@ class GlobalBatchSize:
     hardware better) and the fewest micro-steps. Otherwise -- arrays given
     to ``fit`` with ``batch_size``, or an ordinary batched
     ``tf.data.Dataset`` -- b stays as the data gives it and only k changes.
-    A request is rounded to the nearest size that can be made; :meth:`set`
+    A request is rounded to the nearest size that can be made, within the
+    bounds a policy gives (its ``min_batch`` and ``max_batch``); :meth:`set`
     returns it.
 
     One actuator per model: policies that share a model share it
@@ -137,31 +139,87 @@ class GlobalBatchSize:
         return {"batch_size": self.value, "micro_batch_size": self.micro_batch_size,
                 "accumulation": self.accumulation.steps, "workers": self.workers}
 
-    def plan(self, global_batch):
-        """The ``(micro_batch, k)`` closest to ``global_batch`` that can be made."""
-        global_batch = positive_int("global_batch", global_batch)
-        per_worker = global_batch / self.workers
-        if self.dataset is not None:
-            cap = self.max_micro_batch_size
-            if self.dataset.micro_batch_limit is not None:
-                cap = min(cap, self.dataset.micro_batch_limit)
-            k = max(1, math.ceil(per_worker / cap - 1e-9))
-            b = min(cap, max(1, math.floor(per_worker / k + 0.5)))
-            return b, k
-        b = self.micro_batch_size
-        if b is None:
-            raise RuntimeError(
-                "GlobalBatchSize does not know the micro-batch size yet; pass "
-                "micro_batch_size= (the batch_size given to fit) or dataset= (an "
-                "AdaptiveBatchDataset, AdaptiveBatchPipeline or batched tf.data.Dataset)"
-            )
-        return b, max(1, math.floor(per_worker / b + 0.5))  # ties round up
+    def plan(self, global_batch, low=None, high=None):
+        """The ``(micro_batch, k)`` whose global batch is nearest ``global_batch``
+        among those in ``[low, high]`` (ties round up); the nearest overall
+        when no batch that can be made lies between the bounds (see
+        :meth:`within`).
 
-    def set(self, global_batch):
-        """Moves to the achievable global batch nearest ``global_batch``; returns it."""
-        b, k = self.plan(global_batch)
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> from keras_adapt.actuators import GlobalBatchSize
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+        >>> batch = GlobalBatchSize(model, micro_batch_size=32)
+        >>> batch.plan(112), batch.plan(112, high=112)   # 128 would pass the bound
+        ((32, 4), (32, 3))
+        """
+        global_batch = positive_int("global_batch", global_batch)
+        low = 1 if low is None else low
+        per_worker = global_batch / self.workers
+        if self.dataset is None:
+            b = self.micro_batch_size
+            if b is None:
+                raise RuntimeError(
+                    "GlobalBatchSize does not know the micro-batch size yet; pass "
+                    "micro_batch_size= (the batch_size given to fit) or dataset= (an "
+                    "AdaptiveBatchDataset, AdaptiveBatchPipeline or batched tf.data.Dataset)"
+                )
+            # global = workers x b x k: only k moves
+            return b, _nearest(per_worker / b, self.workers * b, 1, math.inf, low, high)
+        cap = self.max_micro_batch_size
+        if self.dataset.micro_batch_limit is not None:
+            cap = min(cap, self.dataset.micro_batch_limit)
+        # The fewest micro-steps that reach the batch, with the largest
+        # micro-batch (bigger micro-batches use the hardware better); more
+        # steps only where the bounds leave no micro-batch for those.
+        fewest = max(1, math.ceil(per_worker / cap - 1e-9))
+        k = fewest
+        if high is not None and not _between(self.workers * k, 1, cap, low, high):
+            others = itertools.chain(range(k + 1, high // self.workers + 1), range(k - 1, 0, -1))
+            k = next((j for j in others if _between(self.workers * j, 1, cap, low, high)), k)
+        return _nearest(per_worker / k, self.workers * k, 1, cap, low, high), k
+
+    def within(self, low, high):
+        """Whether some global batch in ``[low, high]`` can be made now (by
+        the workers, with micro-batches up to ``max_micro_batch_size`` or the
+        fixed micro-batch, and any accumulation).
+
+        Example:
+
+        >>> import keras, keras_adapt
+        >>> from keras_adapt.actuators import GlobalBatchSize
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+        >>> batch = GlobalBatchSize(model, micro_batch_size=32)   # multiples of 32
+        >>> batch.within(40, 60), batch.within(40, 70)
+        (False, True)
+        """
+        b, k = self.plan(low, low, high)
+        return low <= self.workers * b * k <= high
+
+    def set(self, global_batch, low=None, high=None):
+        """Moves to the global batch :meth:`plan` makes (nearest ``global_batch``
+        within ``[low, high]``); returns it."""
+        b, k = self.plan(global_batch, low, high)
         if self.dataset is not None and b != self.dataset.micro_batch_size:
             self.dataset.micro_batch_size = b
         if k != self.accumulation.steps:
             self.accumulation.set(k)
         return self.value
+
+
+def _between(step, first, last, low, high):
+    """Whether some x in ``[first, last]`` has ``low <= step * x <= high``."""
+    return max(first, math.ceil(low / step)) <= (
+        last if high is None else min(last, high // step))
+
+
+def _nearest(wanted, step, first, last, low, high):
+    """x in ``[first, last]`` nearest ``wanted`` (ties up), with ``step * x``
+    in ``[low, high]`` when some x gives that."""
+    x = min(max(math.floor(wanted + 0.5), first), last)
+    if _between(step, first, last, low, high):
+        x = min(max(x, math.ceil(low / step)), last if high is None else high // step)
+    return x

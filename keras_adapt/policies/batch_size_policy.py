@@ -133,7 +133,8 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def configuration(self, global_batch):
         """``(micro_batch, accumulation, workers)`` that would make ``global_batch``
-        (the actuator's plan; after the model is attached).
+        (the actuator's plan, kept within ``[min_batch, max_batch]`` where a
+        batch that can be made lies there; after the model is attached).
 
         Example:
 
@@ -146,7 +147,7 @@ class BatchSizePolicy(AdaptationPolicy):
         >>> policy.configuration(64)    # one worker: 4 micro-batches of 16 per update
         (16, 4, 1)
         """
-        b, k = self.batch.plan(global_batch)
+        b, k = self.batch.plan(global_batch, self.min_batch, self.max_batch)
         return b, k, self.batch.workers
 
     def on_train_begin(self, logs=None):
@@ -169,12 +170,31 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def _clamp(self):
         if self.base_batch is None:
+            self._check_bounds()
             self.base_batch = self.batch.value
         current = self.batch.value
         if current < self.min_batch:
             self.change_batch(self.min_batch, f"batch {current} < min_batch {self.min_batch}")
         elif current > self.max_batch:
             self.change_batch(self.max_batch, f"batch {current} > max_batch {self.max_batch}")
+
+    def _check_bounds(self):
+        """Raises, at the start of training, when no global batch between the
+        bounds can be made (the micro-batch and worker count known)."""
+        if self.batch.within(self.min_batch, self.max_batch):
+            return
+        nearest = sorted({self.batch.workers * b * k for b, k in (
+            self.batch.plan(self.min_batch), self.batch.plan(self.max_batch))})
+        made = (f"micro-batches of up to {self.batch.max_micro_batch_size}"
+                if self.batch.dataset is not None
+                else f"micro-batch {self.batch.micro_batch_size}")
+        raise ValueError(
+            f"no global batch between min_batch={self.min_batch} and "
+            f"max_batch={self.max_batch} can be made by {self.batch.workers} worker(s) "
+            f"with {made} and any accumulation (global = workers x micro-batch x k); "
+            f"the nearest {'are' if len(nearest) > 1 else 'is'} "
+            f"{' and '.join(map(str, nearest))}: widen the bounds to include one, or "
+            "change the micro-batch")
 
     def adapt(self, step, values):
         self._lr_value = None  # refreshed once per interval (also during a ramp)
@@ -199,7 +219,7 @@ class BatchSizePolicy(AdaptationPolicy):
         """
         target = int(min(max(round(target), self.min_batch), self.max_batch))
         before = self.batch.state()
-        new = self.batch.set(target)
+        new = self.batch.set(target, self.min_batch, self.max_batch)
         if new == before["batch_size"]:
             return None
         self._last_change = self.step

@@ -281,7 +281,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         out = []
         for m in grid:
             b, k, n = self.configuration(m)
-            made = min(max(b * k * n, self.min_batch), self.max_batch)
+            made = b * k * n
             if made not in out:
                 out.append(made)
         return sorted(out)
@@ -316,7 +316,8 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
                                      f"times; gns {gns:.1f})", kind, fit.reason)
         above = [m for m in candidates if m > current]
         if not above:
-            return GoodputChoice(current, f"{current} is max_batch", kind, fit.reason)
+            return GoodputChoice(current, f"{current} is the largest candidate "
+                                 f"(max_batch={self.max_batch})", kind, fit.reason)
         allowed = [m for m in above if eff[m] >= self.min_efficiency]
         if not allowed:
             return GoodputChoice(current, f"efficiency {eff[above[0]]:.3f} at {above[0]} < "

@@ -54,14 +54,19 @@ def build(lr=0.05):
 
 
 class StepSizes(keras.callbacks.Callback):
-    """The micro-batch every step used, read from the in-graph record."""
+    """The micro-batch every step used, read from the in-graph record, and
+    the accumulation it counted toward."""
 
     def __init__(self):
         super().__init__()
-        self.sizes = []
+        self.sizes, self.configurations = [], []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.sizes.append(int(self.model.optimizer.gradient_statistics.batch_size.numpy()))
+        b = int(self.model.optimizer.gradient_statistics.batch_size.numpy())
+        self.sizes.append(b)
+        actuator = self.model.optimizer.adapt_state.batch_size_actuator
+        if actuator is not None:
+            self.configurations.append([b, actuator.accumulation.steps])
 
 
 def plain(events):
@@ -78,7 +83,9 @@ def run(name, model, policies, fit_kwargs):
         "weights": [w.tolist() for w in model.get_weights()],
         "batch_size": history.history["batch_size"],
         "step_sizes": sizes.sizes,
+        "step_configurations": sizes.configurations,
         "updates": int(model.optimizer.iterations.numpy()),
+        "bounds": [[p.min_batch, p.max_batch] for p in policies if hasattr(p, "max_batch")],
     }
 
 
@@ -93,7 +100,8 @@ results["rebatch"]["changes"] = ds.changes
 
 # accumulate: k grows; LRScalingPolicy follows every batch event
 model = build()
-gns = GNSBatchSizePolicy(min_batch=16, max_batch=256, micro_batch_size=8, warmup_updates=20,
+# max_batch=120 is no multiple of 2 workers x 8: the batch stops at 112, not 128
+gns = GNSBatchSizePolicy(min_batch=16, max_batch=120, micro_batch_size=8, warmup_updates=20,
                          min_change_interval=20, interval=10, scaling_rule=None)
 lr = LRScalingPolicy("linear", base_batch=16, micro_batch_size=8, interval=10)
 # Each rank trains on its own shard: identical batches would carry no noise.
@@ -111,7 +119,8 @@ run("goodput", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2
 # goodput_fine: candidates in steps of sqrt(2), made through the micro-batch on two workers
 ds = AdaptiveBatchDataset(x, y, micro_batch_size=8, seed=2)
 model = build()
-goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=256, dataset=ds, max_micro_batch_size=128,
+# max_batch=255 is odd: two workers make 254 (2 x 127), not 256
+goodput = GoodputBatchSizePolicy(min_batch=16, max_batch=255, dataset=ds, max_micro_batch_size=128,
                                  warmup_updates=20, min_change_interval=30, interval=15,
                                  candidates_per_doubling=2)
 run("goodput_fine", model, [goodput], dict(x=ds.dataset, steps_per_epoch=90, epochs=2))
