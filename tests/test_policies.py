@@ -392,6 +392,19 @@ def test_bounds_no_batch_can_lie_in_are_refused_before_the_first_step():
     assert int(model.optimizer.iterations.numpy()) == 0
 
 
+def test_bounds_a_resize_makes_unreachable_are_warned_and_the_nearest_batch_trains():
+    model = _model()
+    policy = GNSBatchSizePolicy(32, 64, micro_batch_size=32)
+    policy.set_model(model)
+    policy.on_train_begin()
+    assert policy.batch.value == 32
+    policy.batch.workers = 3   # as an elastic resize does: 3 x 32 > max_batch
+    with pytest.warns(RuntimeWarning, match=r"max_batch=64 can be made by 3 worker\(s\) .*"
+                                            r"the nearest is 96: .*; training at 96"):
+        policy.on_train_begin()
+    assert policy.batch.value == 96
+
+
 def test_the_custom_policy_in_the_docs_runs():
     import re
 

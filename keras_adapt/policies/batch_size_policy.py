@@ -112,6 +112,7 @@ class BatchSizePolicy(AdaptationPolicy):
         self.lr_follower = None
         self._last_change = None
         self._lr_value = None
+        self._bounds_checked = False  # once the batch is first known
         #: The :class:`UpdateTimer` of a policy that prices step times (None: it does not).
         self.update_timer = None
 
@@ -169,8 +170,14 @@ class BatchSizePolicy(AdaptationPolicy):
         self._clamp()
 
     def _clamp(self):
+        unreachable = self._unreachable_bounds()
+        if unreachable and not self._bounds_checked:  # bad arguments: before any work
+            raise ValueError(unreachable)
+        if unreachable:  # after a resize: train at the nearest, and say so
+            warnings.warn(f"{type(self).__name__}: {unreachable}; training at "
+                          f"{self.batch.value}", RuntimeWarning, stacklevel=2)
+        self._bounds_checked = True
         if self.base_batch is None:
-            self._check_bounds()
             self.base_batch = self.batch.value
         current = self.batch.value
         if current < self.min_batch:
@@ -178,17 +185,17 @@ class BatchSizePolicy(AdaptationPolicy):
         elif current > self.max_batch:
             self.change_batch(self.max_batch, f"batch {current} > max_batch {self.max_batch}")
 
-    def _check_bounds(self):
-        """Raises, at the start of training, when no global batch between the
-        bounds can be made (the micro-batch and worker count known)."""
+    def _unreachable_bounds(self):
+        """Why no global batch between the bounds can be made by the workers
+        and micro-batches of now, or None when one can."""
         if self.batch.within(self.min_batch, self.max_batch):
-            return
+            return None
         nearest = sorted({self.batch.workers * b * k for b, k in (
             self.batch.plan(self.min_batch), self.batch.plan(self.max_batch))})
         made = (f"micro-batches of up to {self.batch.max_micro_batch_size}"
                 if self.batch.dataset is not None
                 else f"micro-batch {self.batch.micro_batch_size}")
-        raise ValueError(
+        return (
             f"no global batch between min_batch={self.min_batch} and "
             f"max_batch={self.max_batch} can be made by {self.batch.workers} worker(s) "
             f"with {made} and any accumulation (global = workers x micro-batch x k); "
