@@ -390,6 +390,12 @@ def test_bounds_no_batch_can_lie_in_are_refused_before_the_first_step():
         model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=32, verbose=0,
                   callbacks=[GNSBatchSizePolicy(40, 60, micro_batch_size=32)])
     assert int(model.optimizer.iterations.numpy()) == 0
+    # With the micro-batch read from the data: at the first decision
+    model = _model()
+    with pytest.raises(ValueError, match=r"min_batch=40 and max_batch=60 .* micro-batch 32 "):
+        model.fit(np.ones((640, 4)), np.ones((640, 1)), batch_size=32, verbose=0,
+                  callbacks=[GNSBatchSizePolicy(40, 60, interval=5)])
+    assert int(model.optimizer.iterations.numpy()) == 5
 
 
 def test_bounds_a_resize_makes_unreachable_are_warned_and_the_nearest_batch_trains():
