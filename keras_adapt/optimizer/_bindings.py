@@ -15,8 +15,6 @@ from keras_adapt.optimizer.lr_control import is_schedule
 class _Keras3Binding(DistributedCore):
     """Keras 3: ``fit`` -> ``apply_gradients`` -> ``apply``; LossScaleOptimizer -> ``apply``."""
 
-    learning_rate_includes_factor = True
-
     @property
     def learning_rate(self):
         return self._get_current_learning_rate()

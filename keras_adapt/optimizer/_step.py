@@ -104,9 +104,6 @@ class DistributedCore:
                       "op": None, "compression": None, "gradient_predivide_factor": 1.0,
                       "process_set": None, "scale_local_gradients": True, "local_layers": (),
                       "sync_strategy": None}
-    #: Whether reading ``learning_rate`` gives the effective rate (base x
-    #: keras-adapt's factor): True on Keras 3 (see its binding).
-    learning_rate_includes_factor = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -87,7 +87,6 @@ SYSTEM_METRICS = {
     "gpu_memory_percent": "% (mean over GPUs)",
 }
 SYSTEM_KEY_PREFIX = "system/host_"
-SYSTEM_TAG_PREFIX = TAG_PREFIX + SYSTEM_KEY_PREFIX
 #: String tensor tag holding the JSON event records (data class TENSOR).
 EVENTS_TAG = TAG_PREFIX + "events"
 #: File name of the JSONL event log inside a run's log directory.
