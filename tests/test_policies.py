@@ -404,11 +404,22 @@ def test_bounds_a_resize_makes_unreachable_are_warned_and_the_nearest_batch_trai
     policy.set_model(model)
     policy.on_train_begin()
     assert policy.batch.value == 32
+    model.optimizer.iterations.assign(40)   # trained, committed
     policy.batch.workers = 3   # as an elastic resize does: 3 x 32 > max_batch
     with pytest.warns(RuntimeWarning, match=r"max_batch=64 can be made by 3 worker\(s\) .*"
                                             r"the nearest is 96: .*; training at 96"):
         policy.on_train_begin()
     assert policy.batch.value == 96
+    # A worker that joins gets the committed state, and warns alike
+    # (raising there would stop that rank only).
+    joiner, model = GNSBatchSizePolicy(32, 64, micro_batch_size=32), _model()
+    model.optimizer.iterations.assign(40)
+    joiner.set_model(model)
+    joiner.batch.workers = 3
+    joiner.restore(policy.get_state())
+    with pytest.warns(RuntimeWarning, match="training at 96"):
+        joiner.on_train_begin()
+    assert joiner.batch.value == 96
 
 
 def test_the_custom_policy_in_the_docs_runs():

@@ -112,7 +112,6 @@ class BatchSizePolicy(AdaptationPolicy):
         self.lr_follower = None
         self._last_change = None
         self._lr_value = None
-        self._bounds_checked = False  # once the batch is first known
         #: The :class:`UpdateTimer` of a policy that prices step times (None: it does not).
         self.update_timer = None
 
@@ -171,12 +170,14 @@ class BatchSizePolicy(AdaptationPolicy):
 
     def _clamp(self):
         unreachable = self._unreachable_bounds()
-        if unreachable and not self._bounds_checked:  # bad arguments: before any work
+        # At the start of a job (on every rank alike: nothing trained, or
+        # no batch known yet) such bounds are bad arguments; later -- a
+        # resize, a resume on another worker count -- the job goes on.
+        if unreachable and (self.base_batch is None or self.step == 0):
             raise ValueError(unreachable)
-        if unreachable:  # after a resize: train at the nearest, and say so
+        if unreachable:
             warnings.warn(f"{type(self).__name__}: {unreachable}; training at "
                           f"{self.batch.value}", RuntimeWarning, stacklevel=2)
-        self._bounds_checked = True
         if self.base_batch is None:
             self.base_batch = self.batch.value
         current = self.batch.value
