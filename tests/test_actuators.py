@@ -122,6 +122,38 @@ def test_learning_rate_factor_scales_the_sgd_update_exactly(sgd):
     assert lr.base_lr() == pytest.approx(0.1)
 
 
+def test_factor_on_the_host_is_the_graphs_float32_number():
+    """factor_now (host, numpy) and factor_at (graph) share ramp_factor; both
+    must give, bit for bit, the float32 number of the ramp as first written
+    (tf.where and clip_by_value), on odd factors, ramps and late updates."""
+    import tensorflow as tf
+    from keras_adapt.optimizer import LearningRateControl
+
+    def reference(it, start, target, begin, ramp):  # the rule before ramp_factor
+        it, begin, ramp = (tf.constant(float(v), tf.float32) for v in (it, begin, ramp))
+        frac = tf.where(ramp > 0, tf.clip_by_value((it - begin) / tf.maximum(ramp, 1.0), 0.0, 1.0),
+                        tf.cast(it >= begin, tf.float32))
+        start, target = tf.constant(start, tf.float32), tf.constant(target, tf.float32)
+        return float((start + (target - start) * frac).numpy())
+
+    control = LearningRateControl(use_progress=False)
+    graph = tf.function(lambda i: control.factor_at(i))
+    checked = 0
+    for start, target, begin, ramp in [(1.0, 3.0, 0, 4), (0.1, 0.7, 5, 3), (2.7, 0.33, 1000, 7),
+                                       (1.3, 1.9, 12345, 0), (0.77, 5.1, 7, 1)]:
+        for name, value in zip(("start", "target", "begin", "ramp"), (start, target, begin, ramp)):
+            getattr(control, name).assign(value)
+        for it in sorted({0, 1, begin - 1, begin, begin + 1, begin + ramp // 2, begin + ramp,
+                          begin + ramp + 1, 2 ** 20 + 3}):
+            if it < 0:
+                continue
+            want = reference(it, start, target, begin, ramp)
+            assert control.factor_now(it) == want, (start, target, begin, ramp, it)
+            assert float(graph(tf.constant(it, tf.int64)).numpy()) == want
+            checked += 1
+    assert checked >= 30
+
+
 def test_warmup_ramp_values_by_hand():
     model = _model()
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")

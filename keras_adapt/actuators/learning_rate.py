@@ -60,7 +60,7 @@ class LearningRateScale:
     @property
     def factor(self):
         """The factor in effect at the current update."""
-        return float(self._state.factor_at(self._iterations()).numpy())
+        return self._state.factor_now(self._iterations())
 
     @property
     def target(self):

@@ -38,7 +38,7 @@ def effective_learning_rate(optimizer, base):
     control = None if state is None else state.lr_control
     if control is None:
         return float(base)
-    return float(base) * float(control.factor_at(optimizer.iterations).numpy())
+    return float(base) * control.factor_now(int(optimizer.iterations.numpy()))
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):

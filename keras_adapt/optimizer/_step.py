@@ -178,7 +178,7 @@ class DistributedCore:
         control = None if state is None else state.lr_control
         if control is None or callable(value) or isinstance(value, tf.Variable):
             return value
-        factor = float(control.factor_at(self.iterations).numpy())
+        factor = control.factor_now(int(self.iterations.numpy()))
         return float(value) / factor
 
     # -- the update -----------------------------------------------------------

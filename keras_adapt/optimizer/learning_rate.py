@@ -48,7 +48,7 @@ def effective_learning_rate(optimizer):
     control = optimizer.adapt_state.lr_control if is_distributed(optimizer) else None
     if control is None:
         return base_learning_rate(optimizer)
-    factor = float(control.factor_at(optimizer.iterations).numpy())
+    factor = control.factor_now(int(optimizer.iterations.numpy()))
     lr = _schedule_or_value(optimizer)
     if control.use_progress and is_schedule(lr):
         return float(np.asarray(lr(control.schedule_step(optimizer.iterations)))) * factor
