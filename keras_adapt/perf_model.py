@@ -359,44 +359,58 @@ def _identifiable(rows):
     return kept
 
 
-def _solve(rows, times):
-    """Relative least squares: the columns kept and their parameters.
+def _solve(rows, times, kept):
+    """Relative least squares on the columns ``kept`` (the identifiable
+    ones, :func:`_identifiable`): their parameters and the scaled rows.
 
-    Minimises sum((1 - rows @ theta / times)^2) over the identifiable
-    columns (the others are 0)."""
-    kept = _identifiable(rows)
+    Minimises sum((1 - rows @ theta / times)^2) over those columns (the
+    others are 0)."""
     a = rows[:, kept] / times[:, None]
     theta, *_ = np.linalg.lstsq(a, np.ones(len(times)), rcond=None)
-    return kept, theta, a
+    return theta, a
 
 
-def _fit_candidate(scaled, times, min_relative_error):
+def _structure(scaled):
+    """What a candidate model's fit takes from its rows alone, not from the
+    times: the columns kept, the rows' row space, and for each configuration
+    whether the others determine it and, if so, the columns they keep.
+    The same rows give the same structure, so a model computes it once per
+    set of configurations, not at every fit (the rank tests are most of a
+    fit's time)."""
+    c = len(scaled)
+    loo = {}
+    for i in range(c):
+        others = np.arange(c) != i
+        if _in_row_space(scaled[i], _row_space(scaled[others])):
+            loo[i] = _identifiable(scaled[others])
+    return dict(kept=_identifiable(scaled), row_space=_row_space(scaled), loo=loo)
+
+
+def _fit_candidate(scaled, times, min_relative_error, structure):
     """One candidate model (its columns not in the model are zero): the fit
-    and its leave-one-configuration-out errors. The parameters' covariance
-    takes the residuals' relative variance as at least
-    ``min_relative_error**2``.
+    and its leave-one-configuration-out errors, given its rows'
+    :func:`_structure`. The parameters' covariance takes the residuals'
+    relative variance as at least ``min_relative_error**2``.
 
     ``errors`` and ``const_errors`` map each configuration the others
     determine to the relative error of the model and of the constant model;
     ``errors`` is None when there are fewer than p + 2 configurations."""
     c = len(times)
-    kept = _identifiable(scaled)
-    out = dict(kept=kept, errors=None)
+    kept = structure["kept"]
+    out = dict(kept=kept, errors=None, row_space=structure["row_space"])
     if c < len(kept) + 2:
         return out
-    kept, theta, a = _solve(scaled, times)
+    theta, a = _solve(scaled, times, kept)
     residual = 1.0 - a @ theta
     sigma2 = max(float(residual @ residual) / (c - len(kept)), min_relative_error ** 2)
     errors, const_errors = {}, {}
-    for i in range(c):
+    for i, k_i in structure["loo"].items():
         others = np.arange(c) != i
-        if not _in_row_space(scaled[i], _row_space(scaled[others])):
-            continue
-        k_i, th_i, _ = _solve(scaled[others], times[others])
+        th_i, _ = _solve(scaled[others], times[others], k_i)
         errors[i] = abs(float(scaled[i, k_i] @ th_i) - times[i]) / times[i]
         const_errors[i] = abs(float(np.mean(times[others])) - times[i]) / times[i]
     out.update(theta=theta, cov=sigma2 * np.linalg.inv(a.T @ a), residual=residual,
-               row_space=_row_space(scaled), errors=errors, const_errors=const_errors)
+               errors=errors, const_errors=const_errors)
     return out
 
 
@@ -532,6 +546,9 @@ class ThroughputModel:
         self._current = None  # configuration of the latest observation
         self._run = 0  # observations so far in the current visit
         self._fit = None
+        # The rows' rank structure per candidate model (_structure), for the
+        # configurations in the fit now.
+        self._structures_of, self._structures = None, {}
 
     def observe(self, batch_size, step_time, workers=1, accumulation=1):
         """Adds the measured time of one update; returns False when it was a warm-up discard.
@@ -692,10 +709,15 @@ class ThroughputModel:
         scale = np.max(np.abs(rows), axis=0)
         scale[scale == 0.0] = 1.0
         scaled = rows / scale
+        if self._structures_of != configs:  # a new configuration: new rows
+            self._structures_of, self._structures = configs, {}
         fitted = {}
         for name, terms in MODELS.items():
             mask = np.array([t in terms for t in TERMS], dtype=np.float64)
-            fitted[name] = _fit_candidate(scaled * mask, times, self.min_relative_error)
+            if name not in self._structures:
+                self._structures[name] = _structure(scaled * mask)
+            fitted[name] = _fit_candidate(scaled * mask, times, self.min_relative_error,
+                                          self._structures[name])
             fitted[name]["mask"] = mask
         base, full = fitted["base"], fitted["interference"]
         if full["kept"] == base["kept"]:
@@ -795,7 +817,7 @@ class ThroughputModel:
                       model=name, model_mapes={}, num_observations=count,
                       num_configurations=c, mape=math.nan, constant_mape=math.nan,
                       train_mape=float(np.mean(np.abs(residual / times))) * 100.0, heldout=0,
-                      evidence="repeats", _covariance=cov_u, _row_space=_row_space(scaled),
+                      evidence="repeats", _covariance=cov_u, _row_space=chosen["row_space"],
                       _scale=scale, _mask=chosen["mask"])
         z = math.sqrt(chi2_const / (c - 1))
         if z < MIN_REPEAT_SIGNIFICANCE:

@@ -438,3 +438,39 @@ def test_a_run_at_one_multi_worker_count_predicts_that_count_only():
     with pytest.raises(ValueError, match="workers=4: .* all observed ones ran at one worker count"):
         fit.predict_step_time(32, workers=4)
     assert not fit.predict_step_time(32, workers=1).determined
+
+
+def test_fit_reusing_its_rank_structure_equals_a_fresh_fit():
+    """A model keeps the rows' rank structure between fits and renews it
+    when a configuration enters (or leaves, after reset): at every point its
+    fit must be the fit a fresh model makes of the same observations."""
+    rng = np.random.default_rng(7)
+    configs = [(16, 1, 1), (32, 1, 1), (64, 2, 1), (16, 2, 2), (128, 2, 1), (32, 1, 4)]
+    model = ThroughputModel(warmup=0, statistic="median", repeats=True, min_relative_error=0.1)
+    seen, compared, usable, structures = [], 0, 0, set()
+    for i in range(90):
+        b, n, k = configs[min(i // 12, len(configs) - 1) if i % 5 else rng.integers(len(configs))]
+        t = float(true_time(b, n, k) * rng.uniform(0.95, 1.05))
+        model.observe(b, t, workers=n, accumulation=k)
+        seen.append((b, t, n, k))
+        if i % 3:
+            continue
+        fresh = ThroughputModel(warmup=0, statistic="median", repeats=True, min_relative_error=0.1)
+        for b_, t_, n_, k_ in seen:
+            fresh.observe(b_, t_, workers=n_, accumulation=k_)
+        got, want = model.fit(), fresh.fit()
+        structures.add(got.num_configurations)
+        assert (got.usable, got.reason, got.params, got.stderr, got.model) == \
+            (want.usable, want.reason, want.params, want.stderr, want.model)
+        assert got.mape == want.mape or (math.isnan(got.mape) and math.isnan(want.mape))
+        compared += 1
+        usable += got.usable
+    assert compared == 30 and usable >= 10 and len(structures) >= 4
+    # After reset() fewer configurations: the structure follows them.
+    model.reset()
+    small = ThroughputModel(warmup=0, statistic="median", repeats=True, min_relative_error=0.1)
+    for b_, t_, n_, k_ in seen[:30]:
+        model.observe(b_, t_, workers=n_, accumulation=k_)
+        small.observe(b_, t_, workers=n_, accumulation=k_)
+    assert model.fit().num_configurations < len(structures) + 2
+    assert (model.fit().reason, model.fit().params) == (small.fit().reason, small.fit().params)
