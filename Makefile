@@ -100,6 +100,8 @@ test-install: setup
 bench: setup
 	$(VENV)/bin/python benchmarks/monitor_overhead.py
 	$(VENV2)/bin/python benchmarks/monitor_overhead.py
+	$(VENV)/bin/python benchmarks/policy_overhead.py
+	$(VENV2)/bin/python benchmarks/policy_overhead.py
 	$(VENV)/bin/python benchmarks/time_to_accuracy.py
 	$(VENV2)/bin/python benchmarks/time_to_accuracy.py
 

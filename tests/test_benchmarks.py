@@ -505,6 +505,32 @@ def test_straggler_quick():
     assert sum(int(row[4]) for row in table[:1]) == line["false_alarms"]
 
 
+def test_policy_overhead_quick():
+    # Both policies pinned at 32 do all their host work and never change the
+    # batch, so every configuration trains the same steps; the costs are the
+    # benchmark's result and are not asserted here.
+    proc = run_benchmark("policy_overhead", "--quick")
+    (line,) = bench_lines(proc.stdout)
+    assert list(line)[:4] == ["bench", "stack", "rounds", "steps"]
+    assert line["rounds"] == 2 and line["steps"] == 60
+    assert line["changes"] == {"gns": 0, "goodput": 0}
+    for policy in ("gns", "goodput"):
+        host, (low, high) = line[f"host_ms_{policy}"], line[f"host_ms_{policy}_spread"]
+        # time inside the policy's hooks: positive, and a part of a step
+        assert 0 < low <= host <= high < line["baseline_ms"]
+        for clock in ("wall", "cpu"):
+            low, high = line[f"{clock}_spread_{policy}"]
+            assert 0 < low <= line[f"{clock}_ratio_{policy}"] <= high
+    assert line["ratio_aa"] > 0 and line["cpu_ratio_aa"] > 0
+    # the table shows the line's numbers
+    rows = {l.split()[0]: l.split() for l in proc.stdout.splitlines()
+            if l.split()[:1] in (["baseline"], ["gns"], ["goodput"], ["baseline_again"])}
+    assert float(rows["baseline"][1]) == pytest.approx(line["baseline_ms"], abs=1e-3)
+    for policy in ("gns", "goodput"):
+        assert float(rows[policy][3]) == pytest.approx(line[f"wall_ratio_{policy}"], abs=1e-3)
+        assert float(rows[policy][-1]) == pytest.approx(line[f"host_ms_{policy}"], abs=1e-3)
+
+
 @pytest.mark.primary_only
 def test_resize_latency_quick():
     (line,) = bench_lines(run_benchmark("resize_latency", "--quick", timeout=900).stdout)
