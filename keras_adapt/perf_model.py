@@ -617,6 +617,60 @@ class ThroughputModel:
         self._current, self._run = None, 0
         self._fit = None
 
+    def get_state(self):
+        """The observations kept and the visit in progress, JSON-able: what
+        :meth:`set_state` needs to continue exactly where this model is (a
+        policy commits it, so that a worker that joins an elastic job, or a
+        resumed run, prices with the same model as the others).
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=1)
+        >>> for t in (0.5, 0.02, 0.021):
+        ...     _ = model.observe(16, t, workers=2)
+        >>> model.get_state()
+        {'configurations': [[16, 2, 1, [0.02, 0.021]]], 'current': [16, 2, 1], 'run': 3}
+        """
+        return {"configurations": [[*c, list(self._times[c])] for c in sorted(self._times)],
+                "current": None if self._current is None else list(self._current),
+                "run": self._run}
+
+    def set_state(self, state):
+        """Replaces the observations by those of :meth:`get_state` (keeping
+        this model's settings: at most ``window`` per configuration, the
+        latest).
+
+        Example:
+
+        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> model = ThroughputModel(warmup=1)
+        >>> model.set_state({"configurations": [[16, 2, 1, [0.02, 0.021]]],
+        ...                  "current": [16, 2, 1], "run": 3})
+        >>> model.observe(16, 0.022, workers=2)    # the same visit: no warm-up again
+        True
+        >>> model.configurations()
+        {(16, 2, 1): [0.02, 0.021, 0.022]}
+        """
+        if not isinstance(state, dict) or not isinstance(state.get("configurations"), list):
+            raise ValueError(f"state={state!r} is not valid; pass a dict from "
+                             "ThroughputModel.get_state()")
+        times = {}
+        for entry in state["configurations"]:
+            if not isinstance(entry, (list, tuple)) or len(entry) != 4:
+                raise ValueError(f"configuration {entry!r} is not valid; pass the state "
+                                 "ThroughputModel.get_state() returned: [b, N, k, [seconds]]")
+            *config, observed = entry
+            config = tuple(_check_count(name, value, f"a configuration's {name} from get_state()")
+                           for name, value in zip(("batch_size", "workers", "accumulation"),
+                                                  config))
+            times[config] = collections.deque((float(t) for t in observed), maxlen=self.window)
+        current = state.get("current")
+        self._times = times
+        self._current = None if current is None else tuple(int(v) for v in current)
+        self._run = int(state.get("run", 0))
+        self._fit = None
+
     def fit(self):
         """Fits the model to the observations so far; returns a :class:`ThroughputFit`.
 

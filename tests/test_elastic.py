@@ -45,6 +45,19 @@ def _job(tmp_path, rule, actions, commit=COMMIT, worker_args=(), launcher_args=(
     return done, finals, read_events(str(log))
 
 
+def _down_then_up(tmp_path, rule, down_at, up_at, worker_args):
+    """A job that loses 127.0.0.1 after step ``down_at`` and, on one
+    worker, gets it back after step ``up_at`` (a new worker joins). Returns
+    the launch, the two finals (the survivor first) and the events."""
+    done, finals, events = _job(tmp_path, rule, [
+        {"step": down_at, "do": "hosts", "hosts": ONE_HOST},
+        {"step": up_at, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1,
+         "await_join": True}], worker_args=worker_args)
+    assert done.leftover == 0
+    assert [f["workers"] for f in finals] == [2, 2]
+    return done, finals, events
+
+
 @pytest.fixture(scope="module")
 def reference(elastic_reference):
     """The same global batches in one process, without elastic machinery."""
@@ -133,6 +146,31 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     print(f"scale-down pause {event['after']['pause_s']:.3f} s")
 
 
+def test_a_joining_worker_prices_with_the_throughput_model_of_the_others(tmp_path, reference):
+    """A GoodputBatchSizePolicy (pinned at the global batch: the training is
+    the reference's) times every update on both workers, then on one, then
+    a new worker joins. Its decisions are the others' only if it prices
+    with the same throughput model: the model's observations, one per
+    interval at each configuration, are in the committed state it syncs."""
+    done, (old, new), events = _down_then_up(tmp_path, "keep", 20, 45,
+                                             ["--adaptive-data", "--goodput"])
+    finals = old, new
+    for final in finals:
+        _assert_finished(final)
+        _assert_weights(final, reference)
+    joined = _ids(new)
+    assert joined == list(range(joined[0], TOTAL)) and joined[0] > 45
+    assert {s["workers"] for s in old["steps"]} == {1, 2}
+    # Every configuration the job ran: 2 x 16, then 1 x 32, then 2 x 16 again.
+    model = old["throughput_model"]
+    assert [c[:3] for c in model["configurations"]] == [[16, 2, 1], [32, 1, 1]]
+    assert all(len(c[3]) >= 1 and min(c[3]) > 0 for c in model["configurations"])
+    # The newcomer never ran on one worker, yet has those observations: the
+    # same model on both ranks, observation for observation.
+    assert new["throughput_model"] == model
+    assert [e["kind"] for e in events] == ["resize", "resize"]
+
+
 # Whether to sync is agreed in KerasState.sync() by code that does not depend on
 # the stack; on tf.keras 2, the scale-up tests below run the sync itself.
 @pytest.mark.primary_only
@@ -178,13 +216,8 @@ def test_below_min_np_the_job_waits_and_a_new_worker_is_synced(tmp_path, referen
 def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
     # LocalSGD (period 3): its count goes across the resets (the new worker
     # gets it in the sync), so update 90 averages the models.
-    done, finals, events = _job(tmp_path, "scale", [
-        {"step": 8, "do": "hosts", "hosts": ONE_HOST},
-        {"step": 30, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1, "await_join": True}],
-        worker_args=["--sync", "local_sgd:3"])
-    assert done.leftover == 0
-    assert [f["workers"] for f in finals] == [2, 2]
-    old, new = finals
+    done, (old, new), events = _down_then_up(tmp_path, "scale", 8, 30, ["--sync", "local_sgd:3"])
+    finals = old, new
     for final in finals:
         _assert_finished(final)
     # The two ranks end identical (the last update averaged the models;

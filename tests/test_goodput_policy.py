@@ -418,6 +418,40 @@ def test_scripted_run_records_decisions_and_feeds_the_model():
     assert all(t > 0 for ts in configs.values() for t in ts)
 
 
+def test_a_joining_worker_or_a_resumed_run_prices_with_the_same_model():
+    """The throughput model's observations are in the policy's state: a
+    policy restored from it (a worker joining an elastic job, which gets the
+    committed state; a run resumed from a checkpoint's JSON) has the same
+    model and makes the same choices. Without them it would price flat
+    where the others price with a fit, and decide differently."""
+    model = ThroughputModel(warmup=0, min_observations=1)
+    policy = _attached(model)
+    for b, reps in ((32, 3), (64, 3), (128, 3), (256, 3)):   # T(b) = 10 ms + 0.1 ms x b
+        for i in range(reps):
+            model.observe(b, 0.010 + 1e-4 * b * (1.0 + 0.01 * i))
+    state = json.loads(json.dumps(policy.get_state()))   # as a checkpoint stores it
+    assert len(state["throughput_model"]["configurations"]) == 4
+
+    def choices(p):
+        return [(c.batch, c.step_times, c.reason) for c in
+                (p.choose(current, gns) for current, gns in ((32, 400.0), (64, 900.0), (128, 60.0)))]
+
+    joiner = _attached(ThroughputModel(warmup=0, min_observations=1))
+    fresh = choices(joiner)
+    joiner.restore(state)
+    assert joiner.throughput_model.configurations() == model.configurations()
+    assert joiner.throughput_model.fit().reason == model.fit().reason
+    assert choices(joiner) == choices(policy)
+    assert [c[1] for c in choices(policy)] == ["model"] * 3
+    assert [c[1] for c in fresh] == ["flat"] * 3 and fresh != choices(policy)
+    # the visit in progress continues: the next observation is no warm-up
+    assert joiner.throughput_model.observe(128, 0.023) is True
+    with pytest.raises(ValueError, match=r"configuration \[32, 1\] is not valid; pass the state"):
+        ThroughputModel().set_state({"configurations": [[32, 1]]})
+    with pytest.raises(ValueError, match=r"workers=0 is not valid; pass a configuration's workers"):
+        ThroughputModel().set_state({"configurations": [[32, 0, 1, [0.1]]]})
+
+
 @pytest.mark.timing  # a 0.5 s sleep against intervals within 30 ms of each other
 def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
     x = np.ones((256, 4), "float32")

@@ -422,6 +422,30 @@ def test_bounds_a_resize_makes_unreachable_are_warned_and_the_nearest_batch_trai
     assert joiner.batch.value == 96
 
 
+def test_a_state_restored_before_the_model_is_attached_applies_when_it_is():
+    """A worker joining an elastic job gets the committed state in the sync
+    before its first fit, when Keras has not attached the policy yet (it has
+    no actuators): the state is kept, reported as its state, and applied
+    when the policy is attached."""
+    trained, model = GNSBatchSizePolicy(32, 256, micro_batch_size=32, scaling_rule="linear"), _model()
+    trained.set_model(model)
+    trained.on_train_begin()
+    model.optimizer.iterations.assign(40)
+    trained.change_batch(64, "grown")
+    state = json.loads(json.dumps(trained.get_state()))
+    assert (state["batch_size"], state["base_batch"], state["lr_factor"]) == (64, 32, 2.0)
+    joiner = GNSBatchSizePolicy(32, 256, micro_batch_size=32, scaling_rule="linear")
+    joiner.restore(state)                  # the sync: no model yet
+    assert joiner.get_state() == state     # a commit now keeps what it will apply
+    other = _model()
+    other.optimizer.iterations.assign(40)
+    joiner.set_model(other)                # fit attaches it
+    assert (joiner.batch.value, joiner.base_batch, joiner.batch.micro_batch_size) == (64, 32, 32)
+    assert joiner.batch.accumulation.steps == 2
+    assert joiner.lr_follower.lr.factor == pytest.approx(2.0)
+    assert joiner.get_state()["last_adapt"] == state["last_adapt"]
+
+
 def test_the_custom_policy_in_the_docs_runs():
     import re
 

@@ -42,7 +42,10 @@ class BatchSizePolicy(AdaptationPolicy):
     update and feeds the timer's throughput model the agreed mean at every
     ``adapt()``, before ``decide``; :attr:`throughput_model` is that model
     and :meth:`configuration` the ``(micro_batch, accumulation, workers)``
-    of a global batch, to price with ``update_timer.time_ratio``.
+    of a global batch, to price with ``update_timer.time_ratio``. The
+    model's observations are part of :meth:`get_state`, so a worker joining
+    an elastic job (which restores the committed state) and a resumed run
+    price with the model the other workers have.
 
     Args:
         min_batch, max_batch: bounds of the global batch (samples per update).
@@ -114,6 +117,9 @@ class BatchSizePolicy(AdaptationPolicy):
         self._lr_value = None
         #: The :class:`UpdateTimer` of a policy that prices step times (None: it does not).
         self.update_timer = None
+        # A state restored before Keras attached the policy (a worker joining
+        # an elastic job syncs before its first fit): applied in on_attach.
+        self._restore_on_attach = None
 
     @property
     def throughput_model(self):
@@ -162,6 +168,9 @@ class BatchSizePolicy(AdaptationPolicy):
                                         max_micro_batch_size=self.max_micro_batch_size)
         if self.scaling_rule is not None:
             self.lr_follower = LRFollower(model, self.scaling_rule)
+        if self._restore_on_attach is not None:
+            state, self._restore_on_attach = self._restore_on_attach, None
+            self.restore(state)
 
     def on_adapt_begin(self, values):
         if self.batch.value is None:
@@ -333,6 +342,8 @@ class BatchSizePolicy(AdaptationPolicy):
         return out
 
     def get_state(self):
+        if self.batch is None and self._restore_on_attach is not None:
+            return dict(self._restore_on_attach)  # not attached yet: what it will apply
         state = super().get_state()
         # A checkpoint at a step's end holds that step's update: the
         # resumed run starts after it and never counts it.
@@ -345,9 +356,18 @@ class BatchSizePolicy(AdaptationPolicy):
         if self.lr_follower is not None:
             lr = self.lr_follower.lr
             state.update(lr_factor=lr.target, progress=lr.progress, gain=lr.gain)
+        if self.update_timer is not None:
+            # Every rank prices with the same model only if a worker that
+            # joins (or a resumed run) gets the observations too.
+            state.update(throughput_model=self.update_timer.model.get_state())
         return state
 
     def restore(self, state):
+        if self.batch is None:
+            # No model yet: the actuators do not exist. Kept whole, applied
+            # when Keras attaches the policy (before its on_train_begin).
+            self._restore_on_attach = dict(state)
+            return
         super().restore(state)
         if state.get("base_batch"):
             self.base_batch = int(state["base_batch"])
@@ -355,6 +375,9 @@ class BatchSizePolicy(AdaptationPolicy):
         self.progress.restore(state.get("training_progress", {}))
         if state.get("batch_size"):
             self.batch.set(int(state["batch_size"]))
+        if self.update_timer is not None and "throughput_model" in state:
+            self.update_timer.model.set_state(state["throughput_model"])
+            self.update_timer.reset_interval()
         if self.lr_follower is not None and "lr_factor" in state:
             lr = self.lr_follower.lr
             lr.set(float(state["lr_factor"]))

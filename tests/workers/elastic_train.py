@@ -28,6 +28,12 @@ AdaptiveBatchDataset over the same global batches in order (unshuffled rows
 ``step_indices`` of every step) driven by a GlobalBatchSize, given to the
 state, which re-shards it on every reset; the rule acts through them.
 
+``--goodput`` (with ``--adaptive-data``): a GoodputBatchSizePolicy pinned at
+the global batch (min = max, no learning-rate rule: the training is the
+reference's) among the callbacks and the state's policies; its throughput
+model goes to the final JSON (a worker that joins must price with the
+model the others have).
+
 ``--checkpoint DIR``: a PreemptionCheckpoint(DIR, save_freq=None) among the
 callbacks: when every worker is signalled it is written and every worker
 exits with 75; the same command again resumes from it (with any worker
@@ -65,7 +71,7 @@ from keras_adapt import elastic
 from keras_adapt.actuators import GlobalBatchSize
 from keras_adapt.callbacks import GradientStatsMonitor, PreemptionCheckpoint
 from keras_adapt.data import AdaptiveBatchDataset
-from keras_adapt.policies import ResizePolicy
+from keras_adapt.policies import GoodputBatchSizePolicy, ResizePolicy
 from keras_adapt.sync import LocalSGD
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
@@ -90,6 +96,7 @@ parser.add_argument("--request-workers", type=int, default=None)
 parser.add_argument("--request-at", type=int, default=None)
 parser.add_argument("--sync", default=None, help="local_sgd:H")
 parser.add_argument("--adaptive-data", action="store_true")
+parser.add_argument("--goodput", action="store_true")
 parser.add_argument("--checkpoint", default=None)
 parser.add_argument("--save-freq", type=int, default=None)
 args = parser.parse_args()
@@ -262,7 +269,13 @@ if args.adaptive_data:
         X[rows], Y[rows], micro_batch_size=args.global_batch // keras_adapt.size(), shuffle=False)
     GlobalBatchSize(model, dataset=dataset,
                                           max_micro_batch_size=args.global_batch)
-state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir, dataset=dataset)
+policy = None
+if args.goodput:
+    policy = GoodputBatchSizePolicy(args.global_batch, args.global_batch, dataset=dataset,
+                                    max_micro_batch_size=args.global_batch, scaling_rule=None,
+                                    interval=5)
+state = elastic.KerasState(model, rule=rule(), log_dir=args.log_dir, dataset=dataset,
+                           policies=[] if policy is None else [policy])
 _check_host_updates = state.check_host_updates
 
 
@@ -284,6 +297,8 @@ callbacks = [commit, elastic.UpdateBatchStateCallback(state),
 if args.checkpoint is not None:
     callbacks.append(PreemptionCheckpoint(args.checkpoint, save_freq=args.save_freq,
                                           log_dir=args.log_dir))
+if policy is not None:
+    callbacks.append(policy)
 if args.request_workers is not None:
     callbacks.append(RequestAt(state, args.request_at, args.request_workers, recorder))
 syncs = []
@@ -331,6 +346,7 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "sync": {**model.optimizer.adapt_state.sync.get_state(),
                 "count": int(model.optimizer.adapt_state.sync.count.numpy())},
        "data": None if dataset is None else {**dataset.get_state(), "changes": dataset.changes},
-       "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()}}
+       "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()},
+       "throughput_model": None if policy is None else policy.throughput_model.get_state()}
 with open(os.path.join(args.out, f"final_{os.getpid()}.json"), "w") as f:
     json.dump(out, f)
