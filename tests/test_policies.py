@@ -446,6 +446,22 @@ def test_a_state_restored_before_the_model_is_attached_applies_when_it_is():
     assert joiner.get_state()["last_adapt"] == state["last_adapt"]
 
 
+def test_lr_scaling_policy_state_before_the_model_is_attached():
+    # KerasState takes its policies before fit and snapshots their state;
+    # a joining worker's sync restores one before fit attaches it.
+    policy, model = LRScalingPolicy("linear", base_batch=16, micro_batch_size=32), _model()
+    policy.set_model(model)
+    policy.on_train_begin()
+    assert policy.lr.factor == pytest.approx(2.0)
+    state = json.loads(json.dumps(policy.get_state()))
+    joiner = LRScalingPolicy("linear", base_batch=16, micro_batch_size=32)
+    assert joiner.get_state() == {"last_adapt": None, "base_batch": 16}
+    joiner.restore(state)
+    assert joiner.get_state() == state
+    joiner.set_model(_model())
+    assert joiner.lr.target == pytest.approx(2.0) and joiner.get_state() == state
+
+
 def test_the_custom_policy_in_the_docs_runs():
     import re
 

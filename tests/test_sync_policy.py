@@ -193,6 +193,27 @@ def test_state_round_trip_restores_the_strategy_the_period_and_the_peak():
     assert fresh.get_config() == policy.get_config()
 
 
+def test_a_state_restored_before_the_model_is_attached_applies_when_it_is():
+    # A worker joining an elastic job: KerasState takes the policy before
+    # fit (its get_state works), the sync restores the committed state, and
+    # fit attaches the policy.
+    policy = SyncStrategyPolicy(decay_ratio=2.0, decay_period=2, comm_fraction=None,
+                                warmup_updates=0, patience=1, min_switch_interval=0)
+    opt = attach(policy, declared=(AllReduceSGD(), LocalSGD(period=8)))
+    decide(policy, 10, gns=1, batch=32)
+    set_base_learning_rate(opt, 0.04)
+    assert decide(policy, 20, gns=1, batch=32) == "local_sgd"
+    state = policy.get_state()
+    joiner = SyncStrategyPolicy(**policy.get_config())
+    assert joiner.get_state() == {"last_adapt": None, "last_switch": None, "peak_lr": None,
+                                  "sync_comm": None}
+    joiner.restore(state)
+    assert joiner.get_state() == state     # a commit before fit keeps it
+    opt2 = attach(joiner, declared=(AllReduceSGD(), LocalSGD(period=8)))
+    assert opt2.adapt_state.sync.strategy == LocalSGD(period=2)
+    assert joiner.get_state() == state
+
+
 def test_bad_arguments_name_the_value_and_the_fix():
     with pytest.raises(TypeError, match="local=AllReduceSGD.*not a local strategy"):
         SyncStrategyPolicy(local=AllReduceSGD())

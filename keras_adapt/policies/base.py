@@ -150,6 +150,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
         self._step_running = False  # a step began and its end is not yet counted
         self._log_cache = {}
         self._pending_state = None
+        self._state_until_attached = None  # see keep_until_attached()
         self.async_safe = True  # see the Keras hooks below
         self._supports_tf_logs = True
 
@@ -163,6 +164,43 @@ class AdaptationPolicy(keras.callbacks.Callback):
             # The estimators need the micro-batch size of every step.
             _train_step.record_batch_size(model, stats)
         self.on_attach(model)
+        if self._state_until_attached is not None:
+            state, self._state_until_attached = self._state_until_attached, None
+            self.restore(state)
+
+    def keep_until_attached(self, state):
+        """For a :meth:`restore` that needs what :meth:`on_attach` creates:
+        before Keras has attached the policy to its model, keeps ``state``
+        (applied by ``restore`` as soon as it is attached, before
+        ``on_train_begin``) and returns True; once attached, returns False.
+        A worker joining an elastic job gets the committed state in the
+        sync that precedes its first ``fit``, so its policies are restored
+        before they are attached.
+
+        Example:
+
+        >>> from keras_adapt.policies import AdaptationPolicy
+        >>> policy = AdaptationPolicy()
+        >>> policy.keep_until_attached({"last_adapt": 40}), policy.state_until_attached()
+        (True, {'last_adapt': 40})
+        """
+        if self.model is not None:
+            return False
+        self._state_until_attached = dict(state)
+        return True
+
+    def state_until_attached(self):
+        """The state :meth:`keep_until_attached` keeps for when the policy is
+        attached, or None: what ``get_state`` reports meanwhile (a commit
+        before the first ``fit`` keeps it).
+
+        Example:
+
+        >>> from keras_adapt.policies import AdaptationPolicy
+        >>> print(AdaptationPolicy().state_until_attached())
+        None
+        """
+        return None if self._state_until_attached is None else dict(self._state_until_attached)
 
     @property
     def optimizer(self):

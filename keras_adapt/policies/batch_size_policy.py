@@ -117,9 +117,6 @@ class BatchSizePolicy(AdaptationPolicy):
         self._lr_value = None
         #: The :class:`UpdateTimer` of a policy that prices step times (None: it does not).
         self.update_timer = None
-        # A state restored before Keras attached the policy (a worker joining
-        # an elastic job syncs before its first fit): applied in on_attach.
-        self._restore_on_attach = None
 
     @property
     def throughput_model(self):
@@ -168,9 +165,6 @@ class BatchSizePolicy(AdaptationPolicy):
                                         max_micro_batch_size=self.max_micro_batch_size)
         if self.scaling_rule is not None:
             self.lr_follower = LRFollower(model, self.scaling_rule)
-        if self._restore_on_attach is not None:
-            state, self._restore_on_attach = self._restore_on_attach, None
-            self.restore(state)
 
     def on_adapt_begin(self, values):
         if self.batch.value is None:
@@ -342,8 +336,9 @@ class BatchSizePolicy(AdaptationPolicy):
         return out
 
     def get_state(self):
-        if self.batch is None and self._restore_on_attach is not None:
-            return dict(self._restore_on_attach)  # not attached yet: what it will apply
+        kept = self.state_until_attached()
+        if kept is not None:
+            return kept
         state = super().get_state()
         # A checkpoint at a step's end holds that step's update: the
         # resumed run starts after it and never counts it.
@@ -363,11 +358,8 @@ class BatchSizePolicy(AdaptationPolicy):
         return state
 
     def restore(self, state):
-        if self.batch is None:
-            # No model yet: the actuators do not exist. Kept whole, applied
-            # when Keras attaches the policy (before its on_train_begin).
-            self._restore_on_attach = dict(state)
-            return
+        if self.keep_until_attached(state):
+            return  # no actuators yet: applied when Keras attaches the policy
         super().restore(state)
         if state.get("base_batch"):
             self.base_batch = int(state["base_batch"])

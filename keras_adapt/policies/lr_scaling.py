@@ -111,13 +111,19 @@ class LRScalingPolicy(AdaptationPolicy):
         return {"lr": self._lr_value}
 
     def get_state(self):
+        kept = self.state_until_attached()
+        if kept is not None:
+            return kept
         state = super().get_state()
-        lr = self.follower.lr
-        state.update(base_batch=self.base_batch, lr_factor=lr.target, progress=lr.progress,
-                     gain=lr.gain)
+        state.update(base_batch=self.base_batch)
+        if self.follower is not None:  # attached: the learning-rate factor exists
+            lr = self.follower.lr
+            state.update(lr_factor=lr.target, progress=lr.progress, gain=lr.gain)
         return state
 
     def restore(self, state):
+        if self.keep_until_attached(state):
+            return  # no learning-rate factor yet: applied when Keras attaches the policy
         super().restore(state)
         if state.get("base_batch"):
             self.base_batch = int(state["base_batch"])

@@ -358,13 +358,20 @@ class SyncStrategyPolicy(AdaptationPolicy):
 
     # -- state -----------------------------------------------------------------
     def get_state(self):
+        kept = self.state_until_attached()
+        if kept is not None:
+            return kept
         state = super().get_state()
-        state.update(strategy=self.sync.strategy.name, strategy_params=self.sync.strategy.params(),
-                     last_switch=self._last_switch, peak_lr=self._peak_lr,
+        state.update(last_switch=self._last_switch, peak_lr=self._peak_lr,
                      sync_comm=self._sync_comm)
+        if self.model is not None:  # attached: the optimizer's strategy is known
+            state.update(strategy=self.sync.strategy.name,
+                         strategy_params=self.sync.strategy.params())
         return state
 
     def restore(self, state):
+        if self.keep_until_attached(state):
+            return  # no optimizer yet: applied when Keras attaches the policy
         super().restore(state)
         self._last_switch = state.get("last_switch")
         self._peak_lr = state.get("peak_lr")
