@@ -176,13 +176,19 @@ def test_a_rule_of_your_own_in_a_few_lines():
         "block_momentum", "allreduce_sgd", "block_momentum"]
 
 
-def test_state_round_trip_restores_the_strategy_the_period_and_the_peak():
+def _switched():
+    """A policy that switched to LocalSGD(period=2) after the rate decayed."""
     policy = SyncStrategyPolicy(decay_ratio=2.0, decay_period=2, comm_fraction=None,
                                 warmup_updates=0, patience=1, min_switch_interval=0)
     opt = attach(policy, declared=(AllReduceSGD(), LocalSGD(period=8)))
     decide(policy, 10, gns=1, batch=32)
     set_base_learning_rate(opt, 0.04)
     assert decide(policy, 20, gns=1, batch=32) == "local_sgd"
+    return policy
+
+
+def test_state_round_trip_restores_the_strategy_the_period_and_the_peak():
+    policy = _switched()
     state = policy.get_state()
     assert state["strategy"] == "local_sgd" and state["peak_lr"] == pytest.approx(0.1)
     assert state["strategy_params"] == {"period": 2, "start_after": 0}
@@ -197,12 +203,7 @@ def test_a_state_restored_before_the_model_is_attached_applies_when_it_is():
     # A worker joining an elastic job: KerasState takes the policy before
     # fit (its get_state works), the sync restores the committed state, and
     # fit attaches the policy.
-    policy = SyncStrategyPolicy(decay_ratio=2.0, decay_period=2, comm_fraction=None,
-                                warmup_updates=0, patience=1, min_switch_interval=0)
-    opt = attach(policy, declared=(AllReduceSGD(), LocalSGD(period=8)))
-    decide(policy, 10, gns=1, batch=32)
-    set_base_learning_rate(opt, 0.04)
-    assert decide(policy, 20, gns=1, batch=32) == "local_sgd"
+    policy = _switched()
     state = policy.get_state()
     joiner = SyncStrategyPolicy(**policy.get_config())
     assert joiner.get_state() == {"last_adapt": None, "last_switch": None, "peak_lr": None,
