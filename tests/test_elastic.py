@@ -47,10 +47,13 @@ def _job(tmp_path, rule, actions, commit=COMMIT, worker_args=(), launcher_args=(
 
 def _down_then_up(tmp_path, rule, down_at, up_at, worker_args):
     """A job that loses 127.0.0.1 after step ``down_at`` and, on one
-    worker, gets it back after step ``up_at`` (a new worker joins). Returns
+    worker, gets it back after step ``up_at`` (a new worker joins). Rank 0
+    holds its steps until each change is announced, so the job shrinks at
+    the first commit after ``down_at`` and grows at the first after
+    ``up_at``, however slow the discovery on a loaded machine. Returns
     the launch, the two finals (the survivor first) and the events."""
     done, finals, events = _job(tmp_path, rule, [
-        {"step": down_at, "do": "hosts", "hosts": ONE_HOST},
+        {"step": down_at, "do": "hosts", "hosts": ONE_HOST, "await_removal": True},
         {"step": up_at, "do": "hosts", "hosts": TWO_HOSTS, "when_workers": 1,
          "await_join": True}], worker_args=worker_args)
     assert done.leftover == 0
@@ -160,7 +163,13 @@ def test_a_joining_worker_prices_with_the_throughput_model_of_the_others(tmp_pat
         _assert_weights(final, reference)
     joined = _ids(new)
     assert joined == list(range(joined[0], TOTAL)) and joined[0] > 45
-    assert {s["workers"] for s in old["steps"]} == {1, 2}
+    # It shrank at the first commit after step 20 (rank 0 held its steps
+    # until the removal was announced) and grew after step 45: at least 20
+    # steps on one worker, four intervals of 5, so observations at 1 x 32
+    # beyond the warm-up one of the visit.
+    down, up = events
+    assert down["step"] <= 20 + COMMIT + 1 < 45 < up["step"], (down["step"], up["step"])
+    assert sum(s["workers"] == 1 for s in old["steps"]) >= 20
     # Every configuration the job ran: 2 x 16, then 1 x 32, then 2 x 16 again.
     model = old["throughput_model"]
     assert [c[:3] for c in model["configurations"]] == [[16, 2, 1], [32, 1, 1]]
@@ -168,7 +177,8 @@ def test_a_joining_worker_prices_with_the_throughput_model_of_the_others(tmp_pat
     # The newcomer never ran on one worker, yet has those observations: the
     # same model on both ranks, observation for observation.
     assert new["throughput_model"] == model
-    assert [e["kind"] for e in events] == ["resize", "resize"]
+    _resize(down, 2, 1)
+    _resize(up, 1, 2)
 
 
 # Whether to sync is agreed in KerasState.sync() by code that does not depend on

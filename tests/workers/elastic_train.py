@@ -13,7 +13,10 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       discovery file after global step i (``"when_workers": n``: only once n workers run)
       (``"await_join": true``: a scale-up; rank 0 then holds its steps until
       the driver has announced the added host, so the job grows while steps
-      remain however long the discovery takes on a loaded machine)
+      remain however long the discovery takes on a loaded machine;
+      ``"await_removal": true``: a scale-down, held until the driver has
+      announced the removed host, so the job shrinks at the next commit
+      whatever the load and a later action sees enough steps on fewer workers)
       (``"then": "localhost:2\\n"``: once this rank has left training for
       the change, rank 0 writes that too: with ``--min-np`` above the hosts
       left, the job waits for it, and its new worker joins the survivors)
@@ -159,17 +162,19 @@ class RequestAt(ResizePolicy):
 
 class HostsHeard:
     """Wraps the state's listener of the driver's host announcements: sets
-    ``added`` when one announced an added host."""
+    ``added`` (``removed``) when one announced an added (removed) host."""
 
     def __init__(self, state):
-        self.added = threading.Event()
+        self.added, self.removed = threading.Event(), threading.Event()
         self._listener = state.on_hosts_updated
         state.on_hosts_updated = self
 
     def __call__(self, timestamp, update_res):
+        self._listener(timestamp, update_res)  # first: the next commit must see it
         if update_res & HostUpdateResult.added:
             self.added.set()
-        self._listener(timestamp, update_res)
+        if update_res & HostUpdateResult.removed:
+            self.removed.set()
 
 
 def write_hosts(text):
@@ -198,6 +203,7 @@ class Recorder(keras.callbacks.Callback):
         self.state, self.heard = state, heard
         self.steps = []
         self.awaiting_join = False  # a scale-up was asked for by this process
+        self.awaiting_removal = False  # a scale-down was asked for by this process
         self.join_wait_s = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -217,6 +223,7 @@ class Recorder(keras.callbacks.Callback):
             if action["do"] == "hosts" and keras_adapt.rank() == 0:
                 open(marker, "w").close()
                 self.awaiting_join = bool(action.get("await_join"))
+                self.awaiting_removal = bool(action.get("await_removal"))
                 write_hosts(action["hosts"])
                 if "then" in action:
                     INTERRUPTED.clear()
@@ -235,6 +242,10 @@ class Recorder(keras.callbacks.Callback):
             self.heard.added.wait(JOIN_WAIT_S)
             self.join_wait_s += time.time() - start
             self.awaiting_join = False
+        if self.awaiting_removal and not self.heard.removed.is_set():
+            # The same for a removed host: the next commit shrinks the job.
+            self.heard.removed.wait(JOIN_WAIT_S)
+            self.awaiting_removal = False
         time.sleep(args.sleep)
 
 
