@@ -27,15 +27,17 @@ TOTAL = EPOCHS * STEPS
 
 def test_scale_down_by_discovery_on_emulated_hosts(tmp_path, emulated_hosts, elastic_reference):
     """Two workers, one per emulated host; after step 10 rank 0 rewrites the
-    file the discovery script prints to list only its own host: the other
-    host's worker leaves, rank 0 goes on alone with the whole global batch."""
+    file the discovery script prints to list only its own host (and holds its
+    steps until the driver announces the removal, however slow the machine):
+    the other host's worker leaves, rank 0 goes on alone with the whole
+    global batch from the next commit."""
     from keras_adapt.events import read_events
 
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()
     first, second = emulated_hosts.names
     script, hosts = discovery_script(tmp_path, f"{first}:1\n{second}:1\n")
-    actions = [{"step": 10, "do": "hosts", "hosts": f"{first}:1\n"}]
+    actions = [{"step": 10, "do": "hosts", "hosts": f"{first}:1\n", "await_removal": True}]
     args = ["--out", out, "--log-dir", log, "--hosts", hosts, "--rule", "keep",
             "--epochs", EPOCHS, "--steps", STEPS, "--commit", 4, "--lr", LR,
             "--actions", json.dumps(actions)]
@@ -64,5 +66,5 @@ def test_scale_down_by_discovery_on_emulated_hosts(tmp_path, emulated_hosts, ela
     assert event["before"]["global_batch"] == event["after"]["global_batch"] == 32
     assert 0.0 < event["after"]["pause_s"] < 60.0
     first_alone = next(s for s in final["steps"] if s["workers"] == 1)
-    assert event["step"] == first_alone["iterations"] and first_alone["id"] > 10
+    assert event["step"] == first_alone["iterations"] and 10 < first_alone["id"] <= 10 + 4
     print(f"emulated hosts {first}+{second} -> {first}: pause {event['after']['pause_s']:.3f} s")
