@@ -275,8 +275,10 @@ def test_killed_worker_the_other_continues_from_the_last_commit_and_its_host_com
     job grows back to two workers."""
     kill_after = 13  # mid-epoch, between commits (after steps 3, 7, 11, 15, ...)
     # 0.1 s per step: about 8 s of training left after the kill, the host
-    # returns about 3 s after it.
-    done, finals, events = _job(tmp_path, "keep", [{"step": kill_after, "do": "kill", "rank": 1}],
+    # returns about 3 s after it; the survivor holds its steps until the
+    # return is announced, so the job grows back on a slower machine too.
+    done, finals, events = _job(tmp_path, "keep", [{"step": kill_after, "do": "kill", "rank": 1,
+                                                    "await_return": True}],
                                 worker_args=["--sleep", 0.1],
                                 launcher_args=["--blacklist-cooldown-range", 1, 2])
     assert done.leftover == 0

@@ -21,6 +21,10 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       the change, rank 0 writes that too: with ``--min-np`` above the hosts
       left, the job waits for it, and its new worker joins the survivors)
   {"step": i, "do": "kill", "rank": r}       rank r SIGKILLs itself after step i
+      (``"await_return": true``: after going back to the last commit, the
+      survivors hold their steps until the driver announces an added host,
+      the killed one's back from the blacklist, so the job grows again
+      while steps remain whatever the load)
   {"step": i, "do": "term", "rank": r}       rank r sends itself SIGTERM after step i
       (a preempted machine: it leaves gracefully, LeaveOnSignalCallback);
       ``"signal": "SIGINT"`` sends that one instead
@@ -320,6 +324,8 @@ _restore = state.restore
 def counted_restore():
     """Counts the rollbacks to the last commit (a failure; never a graceful leave)."""
     restores.append(time.time())
+    if any(a["do"] == "kill" and a.get("await_return") for a in ACTIONS):
+        recorder.awaiting_join = True
     _restore()
 
 
