@@ -47,8 +47,9 @@ def test_a_requested_count_changes_the_membership(tmp_path, start, wanted):
     assert discover.read_target(target) == wanted
     assert len(sizes) == 40   # every step ran once, across the reset
     first_new = sizes.index(wanted)
-    # The old count up to the request (step 5), the new one from the change on.
-    assert first_new > 5 and sizes[:first_new] == [start] * first_new
+    # The old count up to the request (step 5), the new one from the commit
+    # after it on (rank 0 held its steps until the change was announced).
+    assert first_new == 6 and sizes[:first_new] == [start] * first_new
     assert sizes[first_new:] == [wanted] * (40 - first_new)
     print(f"{start}->{wanted}: request at step 5, first step at {wanted} workers: "
           f"{first_new}; {result['seconds']:.2f} s from request to the new count")

@@ -4,8 +4,10 @@
 Default mode: a loop of allreduces under ``hvd.elastic.run`` (no Keras: this
 checks the discovery loop, not the training state). At step ``--request-at``
 rank 0 asks for ``--request`` workers through ``WorkerTarget``; Horovod must
-then change the membership. Rank 0 writes the worker count of every step to
-``<out>/sizes.json`` at the end.
+then change the membership. Rank 0 holds its steps until the driver has
+announced the change (up to ``ANNOUNCE_WAIT_S``), so the membership changes
+at the next commit however slow discovery is on a loaded machine. Rank 0
+writes the worker count of every step to ``<out>/sizes.json`` at the end.
 
 ``--straggler``: an elastic ``fit`` (``keras_adapt.elastic``, rule "keep",
 global batch 32) with a ``WorkerTimingMonitor`` and
@@ -22,6 +24,7 @@ import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there
 import argparse
 import json
 import os
+import threading
 import time
 
 import horovod.tensorflow as hvd
@@ -37,6 +40,9 @@ parser.add_argument("--log-dir", default=None)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--sleep", type=float, default=0.02)
 args = parser.parse_args()
+#: The longest rank 0 holds its steps for the driver's announcement of the
+#: requested change (the discovery script is a Python process: seconds under load).
+ANNOUNCE_WAIT_S = 120.0
 
 
 def allreduce_loop():
@@ -46,6 +52,14 @@ def allreduce_loop():
     target = WorkerTarget(min_workers=1, max_workers=2)   # the file from KERAS_ADAPT_TARGET_FILE
     state = hvd.elastic.ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank,
                                     step=0, sizes=[], requested_at=None, changed_at=None)
+    announced = threading.Event()  # the driver announced a change of hosts
+    listener = state.on_hosts_updated
+
+    def on_hosts_updated(timestamp, update_res):
+        listener(timestamp, update_res)  # first: the next commit must see it
+        announced.set()
+
+    state.on_hosts_updated = on_hosts_updated
 
     @hvd.elastic.run
     def train(state):
@@ -56,6 +70,8 @@ def allreduce_loop():
             if state.step == args.request_at and state.requested_at is None:
                 target.request(args.request)   # every rank calls; rank 0 writes
                 state.requested_at = time.time()
+                if hvd.rank() == 0:
+                    announced.wait(ANNOUNCE_WAIT_S)  # the others wait in the next allreduce
             if state.changed_at is None and state.requested_at is not None \
                     and hvd.size() == args.request:
                 state.changed_at = time.time()
