@@ -173,7 +173,7 @@ def test_a_joining_worker_prices_with_the_throughput_model_of_the_others(tmp_pat
     # Every configuration the job ran: 2 x 16, then 1 x 32, then 2 x 16 again.
     model = old["throughput_model"]
     assert [c[:3] for c in model["configurations"]] == [[16, 2, 1], [32, 1, 1]]
-    assert all(len(c[3]) >= 1 and min(c[3]) > 0 for c in model["configurations"])
+    assert all(len(c[3]) >= 2 and min(c[3]) > 0 for c in model["configurations"])
     # The newcomer never ran on one worker, yet has those observations: the
     # same model on both ranks, observation for observation.
     assert new["throughput_model"] == model
