@@ -24,11 +24,11 @@ import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there
 import argparse
 import json
 import os
-import threading
 import time
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
+from hosts_heard import HostsHeard
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -52,14 +52,7 @@ def allreduce_loop():
     target = WorkerTarget(min_workers=1, max_workers=2)   # the file from KERAS_ADAPT_TARGET_FILE
     state = hvd.elastic.ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank,
                                     step=0, sizes=[], requested_at=None, changed_at=None)
-    announced = threading.Event()  # the driver announced a change of hosts
-    listener = state.on_hosts_updated
-
-    def on_hosts_updated(timestamp, update_res):
-        listener(timestamp, update_res)  # first: the next commit must see it
-        announced.set()
-
-    state.on_hosts_updated = on_hosts_updated
+    heard = HostsHeard(state)
 
     @hvd.elastic.run
     def train(state):
@@ -71,7 +64,7 @@ def allreduce_loop():
                 target.request(args.request)   # every rank calls; rank 0 writes
                 state.requested_at = time.time()
                 if hvd.rank() == 0:
-                    announced.wait(ANNOUNCE_WAIT_S)  # the others wait in the next allreduce
+                    heard.wait("any", ANNOUNCE_WAIT_S)  # the others wait in the next allreduce
             if state.changed_at is None and state.requested_at is not None \
                     and hvd.size() == args.request:
                 state.changed_at = time.time()

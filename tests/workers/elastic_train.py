@@ -81,7 +81,7 @@ from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.policies import GoodputBatchSizePolicy, ResizePolicy
 from keras_adapt.sync import LocalSGD
 from horovod.common.exceptions import HostsUpdatedInterrupt
-from horovod.runner.elastic.worker import HostUpdateResult
+from hosts_heard import HostsHeard
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -161,24 +161,7 @@ class RequestAt(ResizePolicy):
         done = self.state.epoch * args.steps + self.state.batch
         if done > self.at and self.workers != self.wanted:
             self.request_workers(self.wanted, f"global step {self.at} ran")
-            self.recorder.awaiting_join = True
-
-
-class HostsHeard:
-    """Wraps the state's listener of the driver's host announcements: sets
-    ``added`` (``removed``) when one announced an added (removed) host."""
-
-    def __init__(self, state):
-        self.added, self.removed = threading.Event(), threading.Event()
-        self._listener = state.on_hosts_updated
-        state.on_hosts_updated = self
-
-    def __call__(self, timestamp, update_res):
-        self._listener(timestamp, update_res)  # first: the next commit must see it
-        if update_res & HostUpdateResult.added:
-            self.added.set()
-        if update_res & HostUpdateResult.removed:
-            self.removed.set()
+            self.recorder.awaiting = "added"
 
 
 def write_hosts(text):
@@ -206,9 +189,10 @@ class Recorder(keras.callbacks.Callback):
         super().__init__()
         self.state, self.heard = state, heard
         self.steps = []
-        self.awaiting_join = False  # a scale-up was asked for by this process
-        self.awaiting_removal = False  # a scale-down was asked for by this process
-        self.join_wait_s = 0.0
+        # The announcement ("added", "removed") of a change this process
+        # asked for, which it holds its steps for; None: nothing to hold for.
+        self.awaiting = None
+        self.join_wait_s = 0.0  # held for added hosts
 
     def on_train_batch_end(self, batch, logs=None):
         s = self.state
@@ -226,8 +210,8 @@ class Recorder(keras.callbacks.Callback):
                 continue
             if action["do"] == "hosts" and keras_adapt.rank() == 0:
                 open(marker, "w").close()
-                self.awaiting_join = bool(action.get("await_join"))
-                self.awaiting_removal = bool(action.get("await_removal"))
+                self.awaiting = ("added" if action.get("await_join") else
+                                 "removed" if action.get("await_removal") else None)
                 write_hosts(action["hosts"])
                 if "then" in action:
                     INTERRUPTED.clear()
@@ -239,17 +223,13 @@ class Recorder(keras.callbacks.Callback):
             elif action["do"] == "term" and keras_adapt.rank() == action["rank"]:
                 open(marker, "w").close()
                 os.kill(os.getpid(), getattr(signal, action.get("signal", "SIGTERM")))
-        if self.awaiting_join and not self.heard.added.is_set():
-            # Hold the steps until the added host is announced: the next
-            # commit then re-forms the job with the new worker.
-            start = time.time()
-            self.heard.added.wait(JOIN_WAIT_S)
-            self.join_wait_s += time.time() - start
-            self.awaiting_join = False
-        if self.awaiting_removal and not self.heard.removed.is_set():
-            # The same for a removed host: the next commit shrinks the job.
-            self.heard.removed.wait(JOIN_WAIT_S)
-            self.awaiting_removal = False
+        if self.awaiting is not None:
+            # Hold the steps until the change is announced: the next commit
+            # then re-forms the job.
+            waited = self.heard.wait(self.awaiting, JOIN_WAIT_S)
+            if self.awaiting == "added":
+                self.join_wait_s += waited
+            self.awaiting = None
         time.sleep(args.sleep)
 
 
@@ -325,7 +305,7 @@ def counted_restore():
     """Counts the rollbacks to the last commit (a failure; never a graceful leave)."""
     restores.append(time.time())
     if any(a["do"] == "kill" and a.get("await_return") for a in ACTIONS):
-        recorder.awaiting_join = True
+        recorder.awaiting = "added"
     _restore()
 
 
