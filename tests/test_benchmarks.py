@@ -30,7 +30,8 @@ def run_benchmark(name, *args, timeout=300, returncode=0):
 @pytest.fixture(scope="module")
 def quick_time_to_accuracy():
     """The printed output of ``time_to_accuracy.py --quick --curves``: both
-    tasks, every configuration, seed 0 (one job for the tests below)."""
+    tasks, every configuration, seed 0, the policies on their default
+    budget (progress epochs); one job for the tests below."""
     return run_benchmark("time_to_accuracy", "--quick", "--curves").stdout
 
 
@@ -177,7 +178,8 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
                 "same_decisions": True, "wall_to_target_runs": [wall]}
 
     def seed(s, small, fixed64, gns):
-        return {"stack": "primary", "versions": "v", "seed": s, "tasks": {"ts": {
+        return {"stack": "primary", "versions": "v", "seed": s, "budget": "progress",
+                "tasks": {"ts": {
             "settings": {"min_batch": 32, "max_batch": 64, "target": 0.83, "passes": 3.0},
             "train_size": 1000, "runs": {"small": run(*small), "gns": run(*gns, (32, 128))},
             "sweep": [dict(run(*fixed64), batch=64, lr=0.04, curve=None)]}}}
@@ -200,7 +202,7 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     line = bench.summary("ts", merged, res)
     # the best fixed on the means: 64 (within 0.5 pt of the small batch's
     # 0.868, which did not reach the target with every seed)
-    assert line["best_fixed"]["batch"] == 64
+    assert line["best_fixed"]["batch"] == 64 and line["budget"] == "progress"
     assert line["acc_delta_vs_best_fixed"] == round(100 * (0.8643333 - 0.8673333), 2) == -0.3
     assert line["acc_delta_vs_best_fixed_seeds"] == [-0.6, -0.1, -0.2]
     assert line["update_ratio_vs_best_fixed_seeds"] == [round(1400 / 300, 3), 6.4,
@@ -229,23 +231,23 @@ def test_time_to_accuracy_refuses_bad_seeds_before_any_run(argv, message):
 
 
 @pytest.fixture(scope="module")
-def seed1_progress_run():
+def seed1_samples_run():
     """``--quick --tasks digits --configs small gns --repeats 2 --seeds 1
-    --budget progress --curves``: one job for the two tests below."""
+    --budget samples --curves``: one job for the two tests below."""
     return run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "small",
                          "gns", "--curves", "--repeats", "2", "--seeds", "1", "--budget",
-                         "progress").stdout
+                         "samples").stdout
 
 
 @pytest.mark.primary_only
 def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another(
-        quick_time_to_accuracy, seed1_progress_run):
-    (line,) = bench_lines(seed1_progress_run)
+        quick_time_to_accuracy, seed1_samples_run):
+    (line,) = bench_lines(seed1_samples_run)
     assert line["seed"] == 1
     for config in line["configs"].values():
         assert len(config["wall_to_target_runs"]) == 2
         assert config["wall_to_target"] in config["wall_to_target_runs"]
-    one = small_curve(seed1_progress_run, "digits")
+    one = small_curve(seed1_samples_run, "digits")
     zero = small_curve(quick_time_to_accuracy, "digits")
     # Another seed: the same evaluation grid and updates, other initial
     # weights and sample order, so other accuracies along the way.
@@ -254,21 +256,35 @@ def test_time_to_accuracy_repeats_every_run_and_the_seed_draws_another(
 
 
 @pytest.mark.primary_only
-def test_time_to_accuracy_progress_budget_ends_the_policy_on_its_progress(seed1_progress_run):
-    (line,) = bench_lines(seed1_progress_run)
-    assert line["budget"] == "progress"
-    assert "their budget in progress" in seed1_progress_run
+def test_time_to_accuracy_by_default_ends_the_policies_on_their_progress(quick_time_to_accuracy):
+    (_, line) = bench_lines(quick_time_to_accuracy)
+    assert line["task"] == "digits" and line["budget"] == "progress"
+    assert "their budget in progress" in quick_time_to_accuracy
     budget = int(line["passes"] * 1300)  # digits: 1300 training samples
-    small, gns = line["configs"]["small"], line["configs"]["gns"]
+    small = line["configs"]["small"]
     # The fixed batch keeps the sample budget: stopped at the first update past it.
     assert budget <= small["samples"] < budget + 32
-    # The policy's ten epochs each end on a tenth of the budget's progress,
-    # which a sample makes at most once: at least the budget in samples.
-    assert gns["samples"] >= budget
-    if [b for _, b in gns["batch_trajectory"]] == [32]:
-        # At the start batch, progress is samples: the very run of the small batch.
-        assert (gns["updates"], gns["samples"], gns["final"]) == (
-            small["updates"], small["samples"], small["final"])
+    for policy in ("gns", "goodput"):
+        run = line["configs"][policy]
+        # The policy's ten epochs each end on a tenth of the budget's progress,
+        # which a sample makes at most once: at least the budget in samples.
+        assert run["samples"] >= budget
+        if [b for _, b in run["batch_trajectory"]] == [32]:
+            # At the start batch, progress is samples: the very run of the small batch.
+            assert (run["updates"], run["samples"], run["final"]) == (
+                small["updates"], small["samples"], small["final"])
+
+
+@pytest.mark.primary_only
+def test_time_to_accuracy_sample_budget_stops_the_policy_with_the_fixed_runs(seed1_samples_run):
+    (line,) = bench_lines(seed1_samples_run)
+    assert line["budget"] == "samples"
+    assert "their budget in samples" in seed1_samples_run
+    budget = int(line["passes"] * 1300)
+    for name, run in line["configs"].items():
+        # Everyone stops at the first update past the same sample budget.
+        largest = max(b for _, b in run["batch_trajectory"])
+        assert budget <= run["samples"] < budget + largest, name
 
 
 def test_perf_model_report_on_stored_times(capsys):
