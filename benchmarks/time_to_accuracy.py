@@ -108,7 +108,7 @@ or ``best_fixed`` (the best fixed batch in hindsight, also given as
 of the most accurate, the more accurate of one batch's rates that need the
 same updates; ``fixed_sweep`` lists each batch at its best rate with its
 step time in ms). The ``goodput_*`` fields give the same for the goodput
-policy. ``met`` is the DESIGN.md target: speedup_vs_small >= 1.5 with
+policy. ``met`` is the target: speedup_vs_small >= 1.5 with
 acc_delta_vs_small >= -0.5 and acc_delta_vs_large > 0; ``met_vs_best_fixed``
 the stricter one: speedup_vs_best_fixed >= 1.0 with
 acc_delta_vs_best_fixed >= -0.5, and speedup_vs_small >= 2.
@@ -186,7 +186,7 @@ CONFIGS = ("small", "large", "fixed", "gns", "goodput")
 #: square-root scaling, 1: linear scaling).
 SWEEP_LR_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: A fixed batch counts as "as accurate" as the best fixed one when its final
-#: accuracy is within this of the best (the issue's +-0.5 pt).
+#: accuracy is within this of the best (the target's +-0.5 pt).
 EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
 #: With ``--budget progress`` a policy's run is this many fit epochs, each a

@@ -2,7 +2,7 @@
 
 Every decision a policy makes (a new batch size, a new learning rate, ...)
 becomes one event with the schema of :mod:`keras_adapt.record.metadata`
-(DESIGN.md section 4). :func:`emit` appends it as one JSON line to
+(docs/design.md#adaptation-events). :func:`emit` appends it as one JSON line to
 ``<log_dir>/adapt_events.jsonl`` -- on rank 0 only, because every rank makes
 the same decision at the same step -- and hands it to every registered
 listener in this process (``AdaptTensorBoard`` is one: it writes the same

@@ -27,11 +27,12 @@ with seven terms, each a cost in seconds per unit of its multiplier
   a wait that grows with the work done since the last synchronisation.
   Both vanish at N = 1 and saturate like (N-1)/N.
 
-This is DESIGN.md's ``T_grad(b) = alpha_c + beta_c*b`` per micro-step and
-``T_sync(N)``, zero at N = 1, with the synchronisation split as a ring
-allreduce costs it (Thakur et al. 2005; Horovod reduces over a ring), a
-per-update constant, so accumulation is priced right (``k`` micro-steps pay
-the compute, the update pays the rest once), and the interference terms.
+This refines ``T_grad(b) = alpha_c + beta_c*b`` per micro-step and
+``T_sync(N)``, zero at N = 1 (docs/design.md#throughput-model), with the
+synchronisation split as a ring allreduce costs it (Thakur et al. 2005;
+Horovod reduces over a ring), a per-update constant, so accumulation is
+priced right (``k`` micro-steps pay the compute, the update pays the rest
+once), and the interference terms.
 Those helped on some measurements and not on others (in
 ``benchmarks/perf_model.py``, at two workers on one busy host, they cut the
 held-out error by 25% and 39% on two runs and raised it by 15% on a third),

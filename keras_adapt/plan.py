@@ -91,7 +91,8 @@ def samples_needed(samples, batch, base_batch, noise_scale):
     """Samples at global batch ``batch`` that make the progress of ``samples`` at ``base_batch``.
 
     ``samples / E(batch)`` with Pollux's statistical efficiency
-    ``E(B) = (phi + B0)/(phi + B)`` (DESIGN.md section 3,
+    ``E(B) = (phi + B0)/(phi + B)``
+    (docs/design.md#statistical-efficiency-and-goodput,
     :func:`keras_adapt.policies.statistical_efficiency`), so
     ``samples * (phi + B)/(phi + B0)``: about the same samples while ``B``
     is well below the noise scale ``phi``, and ``B/B0`` times as many far

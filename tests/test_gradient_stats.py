@@ -28,7 +28,8 @@ def test_single_update_matches_the_formulas():
 
 
 def test_design_formulas_in_terms_of_global_and_local_batch():
-    # DESIGN.md: |G|^2 = (B total - b local)/(B - b), S = (local - total)/(1/b - 1/B)
+    # docs/design.md#gradient-statistics:
+    # |G|^2 = (B total - b local)/(B - b), S = (local - total)/(1/b - 1/B)
     b, m, local, total = 8, 3, 5.0, 2.0
     big = b * m
     stats = GradientStatistics(ema_decay=0.5, batch_size=b)

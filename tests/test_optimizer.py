@@ -390,8 +390,8 @@ def test_wrapping_twice_is_refused():
 
 
 @pytest.mark.parametrize("kwargs,err,match", [
-    ({"gradient_stats": "yes"}, TypeError, "gradient_stats must be True or False"),
-    ({"skip_nonfinite": 1}, TypeError, "skip_nonfinite must be True or False"),
+    ({"gradient_stats": "yes"}, TypeError, "gradient_stats='yes' is not valid; use True or False"),
+    ({"skip_nonfinite": 1}, TypeError, "skip_nonfinite=1 is not valid; use True or False"),
     ({"ema_decay": 1.0}, ValueError, "ema_decay=1.0"),
     ({"batch_size": 0}, ValueError, "batch_size=0"),
 ])

@@ -12,7 +12,7 @@ from keras_adapt import _hvd, events
 from keras_adapt.optimizer import is_distributed
 from keras_adapt.record import metadata, summary
 
-#: Logs keys copied from the logs when present (DESIGN.md section 4).
+#: Logs keys copied from the logs when present (docs/design.md#logs-keys).
 SERIES_KEYS = tuple(metadata.SCALAR_TAGS)
 _STATS_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
 
@@ -73,7 +73,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     """Writes what adaptive training measured and decided to TensorBoard's "Adapt" tab.
 
     Every ``update_freq`` steps (and at the end of each epoch) it writes, on
-    rank 0 only, one point of each ``adapt/*`` series (DESIGN.md section 4):
+    rank 0 only, one point of each ``adapt/*`` series (docs/design.md#tensorboard):
 
     - ``gns``, ``grad_sqr``, ``grad_var``, ``grad_snr``: read from the
       optimizer's ``gradient_statistics`` (the values

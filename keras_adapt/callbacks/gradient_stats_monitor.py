@@ -8,7 +8,7 @@ from keras_adapt import _hvd, _train_step
 from keras_adapt.callbacks._common import check_interval
 from keras_adapt.optimizer import require_distributed
 
-#: Log keys written by this monitor (DESIGN.md section 4).
+#: Log keys written by this monitor (docs/design.md#logs-keys).
 LOG_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
 
 

@@ -14,10 +14,11 @@ E total_sqr = |G|^2 + h tr(Sigma) / M, so the unbiased estimates are
     |G|^2 = (M * total_sqr - local_sqr) / (M - 1)
     tr(S) = M * (local_sqr - total_sqr) / ((M - 1) * h)
 
-With equal sizes (h = 1/b) these are DESIGN.md's (B*total - b*local)/(B - b)
-and (local - total)/(1/b - 1/B) with B = M*b. For M = 2 they read
-|G|^2 = g_1 . g_2 and tr(S) = |g_1 - g_2|^2 / (1/b_1 + 1/b_2): one worker
-pairing a full batch with an epoch's smaller last batch stays unbiased.
+With equal sizes (h = 1/b) these are (B*total - b*local)/(B - b) and
+(local - total)/(1/b - 1/B) with B = M*b (docs/design.md#gradient-statistics).
+For M = 2 they read |G|^2 = g_1 . g_2 and tr(S) = |g_1 - g_2|^2 / (1/b_1 +
+1/b_2): one worker pairing a full batch with an epoch's smaller last batch
+stays unbiased.
 
 Each estimate is unbiased, their ratio is not, so each gets its own
 bias-corrected exponential moving average and the noise scale is the ratio
@@ -69,9 +70,10 @@ def unbiased_estimates(local_sqr, total_sqr, inv_batch, total_inv_batch):
     ``local_sqr`` is the mean over the M micro-gradients g_m (each the mean
     over b_m samples) of |g_m|^2, and h the mean of 1/b_m. For the
     unweighted mean of the g_m, c = h / M (McCandlish et al.'s estimators;
-    with equal sizes DESIGN.md's formulas). For the batch-weighted mean
-    sum_m (b_m / B) g_m, B = sum_m b_m, c = sum_m (b_m/B)^2 / b_m = 1 / B:
-    workers with rebalanced, unequal micro-batches.
+    with equal sizes the formulas of docs/design.md#gradient-statistics).
+    For the batch-weighted mean sum_m (b_m / B) g_m, B = sum_m b_m,
+    c = sum_m (b_m/B)^2 / b_m = 1 / B: workers with rebalanced, unequal
+    micro-batches.
 
     Example:
 
@@ -323,7 +325,8 @@ class GradientStatistics(tf.Module):
     def result(self):
         """Reads the current estimates on the host (one small device-to-host copy).
 
-        Returns a dict of python floats with the DESIGN.md log keys:
+        Returns a dict of python floats with the log keys of
+        docs/design.md#logs-keys:
         ``grad_sqr`` (|G|^2), ``grad_var`` (tr Sigma, per sample), ``gns``
         (B_simple) and ``grad_snr`` (B / B_simple), plus ``batch_size`` (the
         global batch of the last measured update), ``snr_batch_size`` (the B

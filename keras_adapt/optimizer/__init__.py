@@ -3,7 +3,9 @@
 The package follows one optimizer update:
 
 * :mod:`~keras_adapt.optimizer.factory` -- :func:`DistributedOptimizer`
-  validates its arguments and makes the distributed class;
+  makes the distributed class from a Keras optimizer and its settings;
+* :mod:`~keras_adapt.optimizer.settings` -- :class:`AdaptSettings`, those
+  settings as one frozen object, their defaults and their checks;
 * :mod:`~keras_adapt.optimizer._bindings` -- the Keras 3 and tf.keras 2
   hooks (``apply`` / ``apply_gradients``, the learning rate);
 * :mod:`~keras_adapt.optimizer._step` -- the order of a step: accumulate,
@@ -45,6 +47,7 @@ from keras_adapt.optimizer.learning_rate import (
     set_base_learning_rate,
 )
 from keras_adapt.optimizer.lr_control import LearningRateControl, enable_lr_control, is_schedule
+from keras_adapt.optimizer.settings import AdaptSettings
 from keras_adapt.optimizer.slots import build_slots, optimizer_variables
 from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables, variable_key
 from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL, PreviousGradient
@@ -52,6 +55,7 @@ from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL, PreviousGra
 __all__ = [
     "DEFAULT_STATS_INTERVAL",
     "AccumulationState",
+    "AdaptSettings",
     "AdaptState",
     "BatchWeighting",
     "DistributedOptimizer",

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_adapt import _keras
 from keras_adapt.optimizer._step import DistributedCore
+from keras_adapt.optimizer.settings import AdaptSettings
 from keras_adapt.optimizer.lr_control import is_schedule
 
 
@@ -153,19 +154,25 @@ class _Keras2LearningRate:
 
 def distributed_class(base, settings):
     """The distributed optimizer class for the Keras optimizer class ``base``
-    with keras-adapt ``settings`` (as :func:`DistributedOptimizer` builds
-    them); its ``from_config`` makes complete distributed optimizers (what
-    :func:`keras_adapt.saving.load_model` hands to Keras' loader).
+    with the keras-adapt ``settings`` (an :class:`AdaptSettings`, as
+    :func:`DistributedOptimizer` builds them); its ``from_config`` makes
+    complete distributed optimizers (what :func:`keras_adapt.saving.load_model`
+    hands to Keras' loader).
 
     Example:
 
     >>> import keras
-    >>> from keras_adapt.optimizer import distributed_class, is_distributed
-    >>> cls = distributed_class(keras.optimizers.SGD, {"gradient_stats": False})
+    >>> from keras_adapt.optimizer import AdaptSettings, distributed_class, is_distributed
+    >>> cls = distributed_class(keras.optimizers.SGD, AdaptSettings(gradient_stats=False))
     >>> opt = cls.from_config(keras.optimizers.SGD(0.1).get_config())
     >>> is_distributed(opt), opt.gradient_statistics is None
     (True, True)
     """
+    if not isinstance(settings, AdaptSettings):
+        raise TypeError(
+            f"settings={settings!r} is not valid; use a keras_adapt.optimizer.AdaptSettings "
+            "(e.g. AdaptSettings(gradient_stats=False))"
+        )
     if _keras.IS_KERAS3:
         bindings = (_Keras3Binding,)
     elif hasattr(base, "_create_all_weights"):  # tf.keras 2 legacy OptimizerV2
@@ -175,7 +182,6 @@ def distributed_class(base, settings):
     # Same name and module as the wrapped class: a saved model then records a
     # plain optimizer, which loads anywhere (re-wrap it for distributed use).
     cls = type(base.__name__, (*bindings, base),
-               {"__module__": base.__module__,
-                "adapt_settings": {**DistributedCore.adapt_settings, **settings}})
+               {"__module__": base.__module__, "adapt_settings": settings})
     cls.__qualname__ = base.__qualname__
     return cls

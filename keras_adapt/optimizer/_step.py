@@ -37,6 +37,7 @@ import tensorflow as tf
 from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer import statistics
 from keras_adapt.optimizer.accumulation import AccumulationState
+from keras_adapt.optimizer.settings import AdaptSettings
 from keras_adapt.optimizer.slots import optimizer_variables
 from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables
 from keras_adapt.sync import SyncState
@@ -90,41 +91,36 @@ class DistributedCore:
     """Framework-neutral implementation shared by the Keras 3 and Keras 2 bindings.
 
     The class made by :func:`~keras_adapt.optimizer.DistributedOptimizer`
-    carries its keras-adapt settings (``adapt_settings``), and every instance
+    carries its keras-adapt settings (``adapt_settings``, an
+    :class:`~keras_adapt.optimizer.AdaptSettings`), and every instance
     builds its :class:`AdaptState` from them here: a copy made with
     ``type(opt).from_config(opt.get_config())`` is a complete distributed
     optimizer with the same settings, while ``get_config()`` stays the plain
     optimizer's (a saved model loads without keras-adapt).
     """
 
-    adapt_settings = {"gradient_stats": True, "ema_decay": 0.99, "batch_size": None,
-                      "skip_nonfinite": False, "stats_interval": statistics.DEFAULT_STATS_INTERVAL,
-                      "sparse_as_dense": False,
-                      "backward_passes_per_step": 1, "average_aggregated_gradients": False,
-                      "op": None, "compression": None, "gradient_predivide_factor": 1.0,
-                      "process_set": None, "scale_local_gradients": True, "local_layers": (),
-                      "sync_strategy": None}
+    adapt_settings: AdaptSettings  # set on each class by distributed_class
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         settings = type(self).adapt_settings
         stats = None
-        if settings["gradient_stats"]:
-            stats = GradientStatistics(ema_decay=settings["ema_decay"],
-                                       batch_size=settings["batch_size"],
-                                       interval=settings["stats_interval"])
-        worker_local = WorkerLocalVariables(settings["scale_local_gradients"])
-        worker_local.add_layers(settings["local_layers"])
+        if settings.gradient_stats:
+            stats = GradientStatistics(ema_decay=settings.ema_decay,
+                                       batch_size=settings.batch_size,
+                                       interval=settings.stats_interval)
+        worker_local = WorkerLocalVariables(settings.scale_local_gradients)
+        worker_local.add_layers(settings.local_layers)
         self._adapt_state = AdaptState(
-            stats, settings["skip_nonfinite"],
-            reduction=_hvd.Reduction(settings["op"], settings["compression"],
-                                     settings["gradient_predivide_factor"],
-                                     settings["process_set"]),
-            worker_local=worker_local, sync=SyncState(settings["sync_strategy"]))
-        if settings["backward_passes_per_step"] > 1:
+            stats, settings.skip_nonfinite,
+            reduction=_hvd.Reduction(settings.op, settings.compression,
+                                     settings.gradient_predivide_factor,
+                                     settings.process_set),
+            worker_local=worker_local, sync=SyncState(settings.sync_strategy))
+        if settings.backward_passes_per_step > 1:
             self._adapt_state.accumulation = AccumulationState(
-                settings["backward_passes_per_step"],
-                average=settings["average_aggregated_gradients"], count_micro_steps=True)
+                settings.backward_passes_per_step,
+                average=settings.average_aggregated_gradients, count_micro_steps=True)
 
     def register_local_var(self, var):
         """Marks ``var`` as worker-local (Horovod's ``register_local_var``):
@@ -189,7 +185,7 @@ class DistributedCore:
         update reaches the workers."""
         _check_not_xla()
         state = self._adapt_state
-        if state.accumulation is not None or type(self).adapt_settings["sparse_as_dense"]:
+        if state.accumulation is not None or type(self).adapt_settings.sparse_as_dense:
             grads = [_dense(g) for g in grads]
         worker_local = [False] * len(grads)
         if state.worker_local and variables is not None:

@@ -2,14 +2,13 @@
 
 from keras_adapt import _hvd
 from keras_adapt import _keras
-from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer._bindings import distributed_class
 from keras_adapt.optimizer._step import DistributedCore
-from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL
-from keras_adapt.sync.state import candidates_from
+from keras_adapt.optimizer.settings import AdaptSettings
 
 
-def _validate(optimizer, gradient_stats, skip_nonfinite):
+def _keras_optimizer(optimizer):
+    """``optimizer`` as a plain Keras optimizer instance, or a clear error."""
     if isinstance(optimizer, str):
         import keras
 
@@ -32,60 +31,27 @@ def _validate(optimizer, gradient_stats, skip_nonfinite):
             "optimizer is already a keras_adapt.DistributedOptimizer; wrap the "
             "plain Keras optimizer only once"
         )
-    _check_flags(gradient_stats=gradient_stats, skip_nonfinite=skip_nonfinite)
     return optimizer
-
-
-def _check_flags(**flags):
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _check_horovod_arguments(sparse_as_dense, backward_passes_per_step,
-                             average_aggregated_gradients, scale_local_gradients, local_layers):
-    _check_flags(sparse_as_dense=sparse_as_dense,
-                 average_aggregated_gradients=average_aggregated_gradients,
-                 scale_local_gradients=scale_local_gradients)
-    k = backward_passes_per_step
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(
-            f"backward_passes_per_step={k!r} is not valid; use a positive int "
-            "(1: reduce and apply every step)"
-        )
-    if local_layers is None:
-        return ()
-    import keras
-
-    if isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    local_layers = tuple(local_layers)
-    for layer in local_layers:
-        if not isinstance(layer, keras.layers.Layer):
-            raise TypeError(
-                f"local_layers must be Keras layers, got {type(layer).__name__}: {layer!r}"
-            )
-    return local_layers
 
 
 def DistributedOptimizer(  # noqa: N802 - a factory named like the class it returns, as in Horovod
     optimizer,
-    gradient_stats=True,
-    ema_decay=0.99,
-    batch_size=None,
-    skip_nonfinite=False,
-    stats_interval=DEFAULT_STATS_INTERVAL,
+    gradient_stats=AdaptSettings.gradient_stats,
+    ema_decay=AdaptSettings.ema_decay,
+    batch_size=AdaptSettings.batch_size,
+    skip_nonfinite=AdaptSettings.skip_nonfinite,
+    stats_interval=AdaptSettings.stats_interval,
     *,
-    sparse_as_dense=False,
-    backward_passes_per_step=1,
-    average_aggregated_gradients=False,
-    compression=None,
-    op=None,
-    gradient_predivide_factor=1.0,
-    process_set=None,
-    scale_local_gradients=True,
-    local_layers=None,
-    sync_strategy=None,
+    sparse_as_dense=AdaptSettings.sparse_as_dense,
+    backward_passes_per_step=AdaptSettings.backward_passes_per_step,
+    average_aggregated_gradients=AdaptSettings.average_aggregated_gradients,
+    compression=AdaptSettings.compression,
+    op=AdaptSettings.op,
+    gradient_predivide_factor=AdaptSettings.gradient_predivide_factor,
+    process_set=AdaptSettings.process_set,
+    scale_local_gradients=AdaptSettings.scale_local_gradients,
+    local_layers=AdaptSettings.local_layers,
+    sync_strategy=AdaptSettings.sync_strategy,
 ):
     """Wraps a Keras optimizer to average gradients over Horovod workers and
     measure gradient statistics in the same step.
@@ -161,7 +127,10 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
 
     Returns:
         An optimizer of the same class as ``optimizer``, with the extra
-        attributes ``gradient_statistics`` and ``skipped_steps``.
+        attributes ``gradient_statistics``, ``skipped_steps``,
+        ``adapt_state`` and ``adapt_settings`` (the arguments above, checked,
+        as one frozen :class:`~keras_adapt.optimizer.AdaptSettings`, whose
+        fields hold these defaults).
 
     Example:
 
@@ -173,26 +142,16 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
     >>> type(opt).__name__, opt.gradient_statistics is not None
     ('SGD', True)
     """
-    optimizer = _validate(optimizer, gradient_stats, skip_nonfinite)
-    # Validates ema_decay and batch_size before any class is made.
-    GradientStatistics.check_arguments(ema_decay, batch_size, stats_interval)
-    local_layers = _check_horovod_arguments(
-        sparse_as_dense, backward_passes_per_step, average_aggregated_gradients,
-        scale_local_gradients, local_layers)
+    optimizer = _keras_optimizer(optimizer)
+    settings = AdaptSettings(
+        gradient_stats=gradient_stats, ema_decay=ema_decay, batch_size=batch_size,
+        skip_nonfinite=skip_nonfinite, stats_interval=stats_interval,
+        sparse_as_dense=sparse_as_dense, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, compression=compression,
+        op=op, gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
+        scale_local_gradients=scale_local_gradients, local_layers=local_layers,
+        sync_strategy=sync_strategy)
     _hvd.ensure_initialized()
-    # Validates op, compression, the predivide factor and the process set.
-    _hvd.Reduction(op, compression, gradient_predivide_factor, process_set)
-    sync_strategy = candidates_from(sync_strategy)
-
-    settings = {"gradient_stats": gradient_stats, "ema_decay": ema_decay,
-                "batch_size": batch_size, "skip_nonfinite": skip_nonfinite,
-                "stats_interval": stats_interval, "sparse_as_dense": sparse_as_dense,
-                "backward_passes_per_step": backward_passes_per_step,
-                "average_aggregated_gradients": average_aggregated_gradients,
-                "op": op, "compression": compression,
-                "gradient_predivide_factor": gradient_predivide_factor,
-                "process_set": process_set, "scale_local_gradients": scale_local_gradients,
-                "local_layers": local_layers, "sync_strategy": sync_strategy}
     return distributed_class(type(optimizer), settings).from_config(optimizer.get_config())
 
 

@@ -1,7 +1,7 @@
 """What the gradient statistics are computed from, per optimizer update.
 
 Three cases give the M >= 2 independent micro-gradients the estimators need
-(DESIGN.md section 3):
+(docs/design.md#gradient-statistics):
 
 * N >= 2 workers: the N workers' gradients of one update (exact);
 * N = 1 with k >= 2 accumulated micro-steps: the k micro-gradients (exact);

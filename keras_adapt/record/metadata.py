@@ -61,7 +61,7 @@ SCALARS_PLUGIN_NAME = "scalars"
 PROTO_VERSION = 1
 
 TAG_PREFIX = "adapt/"
-#: Logs key (DESIGN.md section 4) -> TensorBoard scalar tag.
+#: Logs key (docs/design.md#logs-keys) -> TensorBoard scalar tag.
 SCALAR_TAGS = {
     key: TAG_PREFIX + key
     for key in ("gns", "batch_size", "lr", "workers", "throughput",
