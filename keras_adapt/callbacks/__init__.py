@@ -11,7 +11,7 @@ from keras_adapt.callbacks.learning_rate_schedule import LearningRateScheduleCal
 from keras_adapt.callbacks.learning_rate_warmup import LearningRateWarmupCallback
 from keras_adapt.callbacks.metric_average import MetricAverageCallback
 from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
-from keras_adapt.callbacks.signal_agreement import SignalAgreement
+from keras_adapt.coordination.signal_agreement import SignalAgreement
 from keras_adapt.callbacks.system_monitor import SystemMonitor
 from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 

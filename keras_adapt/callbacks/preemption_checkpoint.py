@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from keras_adapt import _hvd, events
 from keras_adapt.callbacks._common import epoch_ender
-from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.coordination.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
 
@@ -52,8 +52,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     longer one mostly waited for a slower worker), and the next interval is the smallest that keeps
     the agreements under 1% of the step time, capped so that the steps
     between two agreements take at most a quarter of ``deadline_s``
-    (:func:`~keras_adapt.callbacks.signal_agreement.auto_check_interval`,
-    :class:`~keras_adapt.callbacks.signal_agreement.CheckInterval`; the same on every rank), and at most twice
+    (:func:`~keras_adapt.coordination.signal_agreement.auto_check_interval`,
+    :class:`~keras_adapt.coordination.signal_agreement.CheckInterval`; the same on every rank), and at most twice
     the previous interval; at the next optimizer-update boundary (never in the
     middle of an accumulation) rank 0 writes a checkpoint with
     ``tf.train.CheckpointManager``, every rank waits until it is on disk,

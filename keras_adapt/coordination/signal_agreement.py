@@ -136,7 +136,7 @@ def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
 
     Example (an agreement of 5 ms, steps of 7 ms and of 1 s, 25 s deadline):
 
-    >>> from keras_adapt.callbacks.signal_agreement import auto_check_interval
+    >>> from keras_adapt.coordination.signal_agreement import auto_check_interval
     >>> auto_check_interval(0.005, 0.007, 25.0), auto_check_interval(0.005, 1.0, 25.0)
     (72, 1)
     >>> auto_check_interval(0.005, 0.001, 2.0)   # capped: 500 steps = 0.5 s
@@ -167,7 +167,7 @@ class CheckInterval:
 
     Example:
 
-    >>> from keras_adapt.callbacks.signal_agreement import CheckInterval, SignalAgreement
+    >>> from keras_adapt.coordination.signal_agreement import CheckInterval, SignalAgreement
     >>> schedule = CheckInterval("auto", deadline_s=25.0)
     >>> schedule.start(); schedule.step_ended(); schedule.step_ended()
     >>> signalled = schedule.agree(SignalAgreement("demo_schedule"))

@@ -2,7 +2,7 @@
 
 from keras_adapt.callbacks._common import epoch_ender
 from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
-from keras_adapt.elastic.callbacks import (
+from keras_adapt.elastic.state_callbacks import (
     CommitStateCallback,
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,

@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
 
 from keras_adapt import _hvd, events
 from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE, PreemptionCheckpoint
-from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.coordination.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.optimizer import UpdateBoundary
 
 
@@ -66,7 +66,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             ``"auto"`` (the default): the fewest that keep the agreements
             under 1% of the step time, capped so that they are at most a
             quarter of ``deadline_s`` apart
-            (:class:`~keras_adapt.callbacks.signal_agreement.CheckInterval`,
+            (:class:`~keras_adapt.coordination.signal_agreement.CheckInterval`,
             from the workers' averaged measurements: the same on every rank).
         deadline_s: the platform's grace period after SIGTERM (30 s on most
             clouds and Kubernetes); only bounds the ``"auto"`` interval.

@@ -44,7 +44,7 @@ def auto_interval(commit_seconds, step_seconds, max_cost=AUTO_MAX_COST,
 
     Example:
 
-    >>> from keras_adapt.elastic.callbacks import auto_interval
+    >>> from keras_adapt.elastic.state_callbacks import auto_interval
     >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 400 steps
     400
     >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 3 steps

@@ -6,7 +6,7 @@ from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer._bindings import distributed_class
 from keras_adapt.optimizer._step import DistributedCore
 from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL
-from keras_adapt.sync.state import candidates_from
+from keras_adapt.sync.sync_state import candidates_from
 
 
 def _validate(optimizer, gradient_stats, skip_nonfinite):
