@@ -1226,6 +1226,7 @@ def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_the
 
     from keras_adapt import elastic
     from keras_adapt.callbacks import PreemptionCheckpoint
+    from keras_adapt.elastic import disk_checkpoint
 
     model = _model()
     state = elastic.KerasState(model)
@@ -1247,7 +1248,7 @@ def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_the
     assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (1, 3, 8, 1)
     # The newest holds the final weights and position: a fresh job resumes there.
     fresh = elastic.KerasState(_model())
-    path = PreemptionCheckpoint(tmp_path / "every", save_freq=2).resume_elastic(fresh)
+    path = disk_checkpoint.resume(PreemptionCheckpoint(tmp_path / "every", save_freq=2), fresh)
     assert path == every.checkpoints()[-1] and (fresh.epoch, fresh.batch) == (2, 0)
     assert int(fresh.optimizer.iterations.numpy()) == 10
     for got, want in zip(fresh.model.get_weights(), model.get_weights()):

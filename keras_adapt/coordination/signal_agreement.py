@@ -11,6 +11,10 @@ from keras_adapt import _hvd
 
 #: The signals a preempted machine (SIGTERM) or a user (SIGINT, Ctrl-C) sends.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The default exit code of a process that stops for one of them:
+#: ``EX_TEMPFAIL`` of ``sysexits.h``, "a temporary failure, the user is
+#: invited to retry".
+EXIT_CODE = 75
 
 
 class SignalAgreement:
@@ -43,7 +47,7 @@ class SignalAgreement:
     Example:
 
     >>> import os, signal
-    >>> from keras_adapt.callbacks import SignalAgreement
+    >>> from keras_adapt.coordination import SignalAgreement
     >>> agreement = SignalAgreement("demo_signals", signals=(signal.SIGUSR1,))
     >>> agreement.install()
     >>> os.kill(os.getpid(), signal.SIGUSR1)

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
+from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.optimizer import UpdateBoundary
 
 #: ``batches_per_commit="auto"`` (the default) commits every this many steps
@@ -192,7 +193,7 @@ class CommitStateCallback(keras.callbacks.Callback):
     def _write_checkpoint(self):
         if self._write:
             self._write = False
-            self.checkpoint.save_elastic(self.state)
+            disk_checkpoint.save(self.checkpoint, self.state)
 
     def _choose_interval(self):
         """Every rank runs this at the same commit: one allreduce takes the
