@@ -30,9 +30,10 @@ def _check_number(name, value, minimum, integer=False, allow_none=False):
 
 
 def _policies(callbacks):
-    """The callbacks that carry state to resume (``get_state`` / ``set_state``)."""
+    """The callbacks that carry state to resume (``get_state`` /
+    ``restore_at_train_begin``)."""
     return [cb for cb in callbacks if callable(getattr(cb, "get_state", None))
-            and callable(getattr(cb, "set_state", None))]
+            and callable(getattr(cb, "restore_at_train_begin", None))]
 
 
 class PreemptionCheckpoint(keras.callbacks.Callback):
@@ -268,7 +269,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             self._dataset.set_state(meta["data"])
         states = self.files.policy_states(path, meta, self._policy_list)
         for policy, saved in zip(self._policy_list, states):
-            policy.set_state(saved)
+            policy.restore_at_train_begin(saved)
         # Every rank must have restored the same checkpoint.
         number = float(path.rsplit("-", 1)[-1])
         agreed = _hvd.host_allreduce_mean([number, number ** 2], "keras_adapt_resume_check")
