@@ -137,7 +137,7 @@ def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     # "auto" commits: every 10 steps at first, then the interval its rule
     # gives for the commit and step times the workers measured (a few-ms
     # commit after 40 ms steps: an interval near 10, more on a loaded machine).
-    from keras_adapt.elastic.callbacks import AUTO_FIRST_INTERVAL, auto_interval
+    from keras_adapt.elastic.state_callbacks import AUTO_FIRST_INTERVAL, auto_interval
 
     if final["commit_measured"] is None:  # the last fit ended before it chose
         assert final["commit_interval"] == AUTO_FIRST_INTERVAL
@@ -592,7 +592,7 @@ def test_resize_rule_values_and_errors():
 
 
 def test_commit_interval_auto_rule():
-    from keras_adapt.elastic.callbacks import AUTO_MAX_COST, AUTO_MAX_INTERVAL, auto_interval
+    from keras_adapt.elastic.state_callbacks import AUTO_MAX_COST, AUTO_MAX_INTERVAL, auto_interval
 
     assert AUTO_MAX_COST == 0.005                      # half the 1% budget
     assert auto_interval(0.006, 0.003) == 400          # 6 ms commit / (0.5% of 3 ms)
@@ -1226,6 +1226,7 @@ def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_the
 
     from keras_adapt import elastic
     from keras_adapt.callbacks import PreemptionCheckpoint
+    from keras_adapt.elastic import disk_checkpoint
 
     model = _model()
     state = elastic.KerasState(model)
@@ -1247,7 +1248,7 @@ def test_periodic_checkpoints_under_elastic_are_written_after_the_commits_at_the
     assert (meta["epoch"], meta["step_in_epoch"], meta["step"], meta["workers"]) == (1, 3, 8, 1)
     # The newest holds the final weights and position: a fresh job resumes there.
     fresh = elastic.KerasState(_model())
-    path = PreemptionCheckpoint(tmp_path / "every", save_freq=2).resume_elastic(fresh)
+    path = disk_checkpoint.resume(PreemptionCheckpoint(tmp_path / "every", save_freq=2), fresh)
     assert path == every.checkpoints()[-1] and (fresh.epoch, fresh.batch) == (2, 0)
     assert int(fresh.optimizer.iterations.numpy()) == 10
     for got, want in zip(fresh.model.get_weights(), model.get_weights()):

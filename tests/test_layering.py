@@ -1,13 +1,19 @@
-"""The direction of imports: the library never imports its viewer.
+"""The direction of imports: the library never imports its viewer, and no
+package reaches into another's private modules.
 
 keras-adapt owns the schema of what it records (``keras_adapt.record``); the
 TensorBoard plugin imports it. Checked in fresh interpreters, so nothing an
-earlier test imported can hide an import.
+earlier test imported can hide an import. The source rules are read from
+the code with ``ast``.
 """
 
+import ast
+import pathlib
 import subprocess
 import sys
 import textwrap
+
+import keras_adapt
 
 
 def _run(code):
@@ -41,3 +47,57 @@ def test_the_schema_and_reader_load_without_tensorflow():
         print("tensorflow" in sys.modules, metadata.PROTO_VERSION)
     """)
     assert out.split() == ["False", "1"]
+
+
+def _imports():
+    """``(importer, imported)`` for every import of a keras_adapt module in
+    the library's source, read with ``ast`` (imports inside functions
+    included): ``imported`` is a module's dotted name, or a name imported
+    from a module."""
+    root = pathlib.Path(keras_adapt.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        importer = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = ".".join(parts[:-1])  # the package the module is in
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [(importer, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's own package up
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found += [(importer, base)] + [(importer, f"{base}.{a.name}")
+                                               for a in node.names]
+    return [(a, b) for a, b in found if b.split(".")[0] == "keras_adapt"]
+
+
+def _is_module(dotted):
+    root = pathlib.Path(keras_adapt.__file__).parent.parent
+    path = root.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_no_module_imports_a_private_module_of_another_package():
+    # A private module (its name starts with "_") belongs to the package it is
+    # in: keras_adapt._hvd and the other top-level ones are the library's own
+    # internals, shared by all of it; keras_adapt.<sub>._x is <sub>'s alone.
+    wrong = []
+    for importer, imported in _imports():
+        names = imported.split(".")
+        for i in range(1, len(names)):
+            if names[i].startswith("_") and not names[i].startswith("__"):
+                owner = ".".join(names[:i])
+                if _is_module(".".join(names[:i + 1])) and not (
+                        importer == owner or importer.startswith(owner + ".")):
+                    wrong.append(f"{importer} imports {imported}")
+                break
+    assert not wrong, wrong
+
+
+def test_elastic_and_callbacks_do_not_import_each_other_both_ways():
+    # elastic drives the preemption checkpoint; the callbacks know nothing of elastic.
+    between = {(a.split(".")[1], b.split(".")[1]) for a, b in _imports()
+               if len(a.split(".")) > 1 and len(b.split(".")) > 1}
+    assert ("callbacks", "elastic") not in between

@@ -210,7 +210,7 @@ def test_runs_lists_only_runs_with_adapt_data(client):
     assert all(re.fullmatch("#[0-9a-f]{6}", c) for c in colours), colours
     # The strategies' names by the index adapt/sync_strategy holds, as the
     # strategy classes number themselves (the tab labels its chart with them).
-    from keras_adapt.sync.state import STRATEGIES
+    from keras_adapt.sync.sync_state import STRATEGIES
 
     assert body["sync_strategies"] == list(metadata.SYNC_STRATEGIES)
     assert {name: body["sync_strategies"][cls.index] for name, cls in STRATEGIES.items()} == {

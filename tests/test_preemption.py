@@ -18,7 +18,7 @@ import keras_adapt
 from conftest import BIN, HOROVODRUN, JOB_MARK, WORKERS, _env, controllers, kill_job
 from keras_adapt import events
 from keras_adapt.callbacks import PreemptionCheckpoint
-from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE
+from keras_adapt.coordination import EXIT_CODE
 
 
 # -- single process -----------------------------------------------------------

@@ -14,7 +14,7 @@ from keras_adapt.actuators import GradientAccumulation, WorkerTarget
 from keras_adapt.callbacks import WorkerTimingMonitor
 from keras_adapt.perf_model import ThroughputModel
 from keras_adapt.policies import GNSWorkerScalingPolicy, ResizePolicy, ThroughputScalingPolicy
-from keras_adapt.policies.resize import step_pays
+from keras_adapt.policies.worker_scaling import step_pays
 
 
 def _model(lr=0.05, stats=False):

@@ -252,7 +252,7 @@ def test_a_resumed_run_ends_its_epochs_where_the_uninterrupted_one_did():
               callbacks=[FixedNoiseScale(48.0), first, before, StopAt()])
     assert before.steps == [33, 7]
     resumed = policy()
-    resumed.set_state(json.loads(json.dumps(first.get_state())))  # as from disk
+    resumed.restore_at_train_begin(json.loads(json.dumps(first.get_state())))  # as from disk
     after = EpochSteps(resumed, "progress")
     model.fit(x, y, batch_size=64, epochs=3, initial_epoch=1, verbose=0,
               callbacks=[FixedNoiseScale(48.0), resumed, after])

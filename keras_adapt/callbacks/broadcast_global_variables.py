@@ -1,9 +1,9 @@
 """BroadcastGlobalVariablesCallback: start every worker from rank 0's weights."""
 
 import keras
-import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt.coordination.broadcast import broadcast_variables
 from keras_adapt.optimizer import WorkerLocalVariables, is_distributed, variable_key
 
 
@@ -12,34 +12,6 @@ def _variables(obj):
         return []
     v = getattr(obj, "variables", [])
     return list(v() if callable(v) else v)
-
-
-def broadcast_variables(variables, root_rank=0):
-    """Overwrites ``variables`` on every worker with their values on ``root_rank``.
-
-    Built on ``horovod.tensorflow.broadcast`` in one ``tf.function`` so Horovod
-    can fuse the tensors. Every worker must call it with the same variables in
-    the same order.
-
-    Example:
-
-    >>> import tensorflow as tf
-    >>> from keras_adapt.callbacks import broadcast_variables
-    >>> v = tf.Variable([1.0, 2.0])
-    >>> broadcast_variables([v], root_rank=0)   # a no-op with one worker
-    >>> v.numpy().tolist()
-    [1.0, 2.0]
-    """
-    variables = list(variables)
-    if _hvd.size() == 1 or not variables:
-        return
-
-    @tf.function
-    def _broadcast():
-        for i, v in enumerate(variables):
-            v.assign(_hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=f"keras_adapt_bcast_{i}"))
-
-    _broadcast()
 
 
 def _check_local_variables(local_variables):

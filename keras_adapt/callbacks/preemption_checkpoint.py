@@ -1,26 +1,22 @@
 """PreemptionCheckpoint: stop every worker at the same step on SIGTERM, checkpoint, resume there."""
 
-import json
 import os
 import sys
 import threading
 import time
-import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd, events
-from keras_adapt.callbacks._common import epoch_ender
-from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.checkpointing import CheckpointFiles, epoch_ender
+from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
-from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
+from keras_adapt.optimizer import UpdateBoundary, require_distributed
 
-#: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
-#: ``sysexits.h``, "a temporary failure, the user is invited to retry".
-EXIT_CODE = 75
-# The signals that request a checkpoint and a stop: SIGNALS (SIGTERM, SIGINT).
+# The signals that request a checkpoint and a stop: SIGNALS (SIGTERM, SIGINT);
+# the exit code after the checkpoint: EXIT_CODE (75, EX_TEMPFAIL).
 
 
 def _check_number(name, value, minimum, integer=False, allow_none=False):
@@ -34,9 +30,10 @@ def _check_number(name, value, minimum, integer=False, allow_none=False):
 
 
 def _policies(callbacks):
-    """The callbacks that carry state to resume (``get_state`` / ``set_state``)."""
+    """The callbacks that carry state to resume (``get_state`` /
+    ``restore_at_train_begin``)."""
     return [cb for cb in callbacks if callable(getattr(cb, "get_state", None))
-            and callable(getattr(cb, "set_state", None))]
+            and callable(getattr(cb, "restore_at_train_begin", None))]
 
 
 class PreemptionCheckpoint(keras.callbacks.Callback):
@@ -52,8 +49,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     longer one mostly waited for a slower worker), and the next interval is the smallest that keeps
     the agreements under 1% of the step time, capped so that the steps
     between two agreements take at most a quarter of ``deadline_s``
-    (:func:`~keras_adapt.callbacks.signal_agreement.auto_check_interval`,
-    :class:`~keras_adapt.callbacks.signal_agreement.CheckInterval`; the same on every rank), and at most twice
+    (:func:`~keras_adapt.coordination.signal_agreement.auto_check_interval`,
+    :class:`~keras_adapt.coordination.signal_agreement.CheckInterval`; the same on every rank), and at most twice
     the previous interval; at the next optimizer-update boundary (never in the
     middle of an accumulation) rank 0 writes a checkpoint with
     ``tf.train.CheckpointManager``, every rank waits until it is on disk,
@@ -84,9 +81,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     signals, lets a signalled worker leave when others remain, and writes
     this checkpoint (then exits with ``exit_code``) only when every worker
     was signalled; its ``save_freq`` saves are written by rank 0 right after
-    the elastic commits at those steps (:meth:`save_elastic`); the same
-    command resumes from the newest, with any worker count
-    (:meth:`resume_elastic`; docs/elastic.md).
+    the elastic commits at those steps; the same command resumes from the
+    newest, with any worker count (docs/elastic.md). A training loop other
+    than :meth:`fit` drives it so: :meth:`attach` (what it saves),
+    :meth:`save`, :meth:`stop` and :meth:`record_resume`; the files are
+    :attr:`files` (a :class:`~keras_adapt.checkpointing.CheckpointFiles`).
 
     Args:
         directory: where the checkpoints go (made if missing).
@@ -124,10 +123,10 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     def __init__(self, directory, max_to_keep=2, deadline_s=25.0, exit_code=EXIT_CODE,
                  save_freq="epoch", check_interval="auto", log_dir=None):
         super().__init__()
-        if not isinstance(directory, (str, os.PathLike)):
-            raise TypeError(f"directory must be a path, got {directory!r}")
-        self.directory = os.fspath(directory)
-        self.max_to_keep = _check_number("max_to_keep", max_to_keep, 1, integer=True)
+        #: The checkpoint files (:class:`~keras_adapt.checkpointing.CheckpointFiles`).
+        self.files = CheckpointFiles(directory, max_to_keep)
+        self.directory = self.files.directory
+        self.max_to_keep = self.files.max_to_keep
         self.deadline_s = _check_number("deadline_s", deadline_s, 0.0, allow_none=True)
         if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
                                       or not 0 <= exit_code <= 255):
@@ -166,16 +165,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._schedule = CheckInterval(check_interval, self.deadline_s)
         self._boundary = None  # which micro-step completes an update
         self._timer = None
-        self._manager = None
-        self._checkpoint = None
-        self._meta = None
-        self._epoch_var = None
-        self._step_var = None
-        self._elastic_entered = False  # this process has entered elastic.fit
 
-    # -- reading the directory ---------------------------------------------
+    # -- reading the directory (the files') ---------------------------------
     def checkpoints(self):
-        """The checkpoint paths listed in ``directory``, oldest first.
+        """The checkpoint paths listed in ``directory``, oldest first
+        (:meth:`CheckpointFiles.checkpoints <keras_adapt.checkpointing.CheckpointFiles.checkpoints>`).
 
         Example:
 
@@ -184,59 +178,19 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         >>> PreemptionCheckpoint(tempfile.mkdtemp()).checkpoints()
         []
         """
-        state = tf.train.get_checkpoint_state(self.directory)
-        if state is None:
-            return []
-        return [p if os.path.isabs(p) else os.path.join(self.directory, p)
-                for p in state.all_model_checkpoint_paths]
+        return self.files.checkpoints()
 
-    @staticmethod
-    def read_meta(path):
-        """The position and host state stored in checkpoint ``path`` (a dict),
-        after reading every tensor of it: a damaged checkpoint raises here.
-
-        Example:
-
-        >>> from keras_adapt.callbacks import PreemptionCheckpoint
-        >>> PreemptionCheckpoint.read_meta("/nonexistent/ckpt-1")
-        Traceback (most recent call last):
-        ...
-        ValueError: checkpoint /nonexistent/ckpt-1 cannot be read: NotFoundError
-        """
-        try:
-            reader = tf.train.load_checkpoint(path)
-            meta = None
-            for key in reader.get_variable_to_shape_map():
-                value = reader.get_tensor(key)  # checks each tensor's checksum
-                if key.startswith("meta/"):
-                    meta = value
-        except Exception as exc:  # noqa: BLE001 - any damage means "not usable"
-            raise ValueError(f"checkpoint {path} cannot be read: {type(exc).__name__}") from exc
-        if meta is None:
-            raise ValueError(f"checkpoint {path} holds no keras-adapt position (not written "
-                             "by PreemptionCheckpoint)")
-        return json.loads(meta.decode() if isinstance(meta, bytes) else meta)
+    read_meta = staticmethod(CheckpointFiles.read_meta)
 
     def latest(self):
-        """``(path, meta)`` of the newest readable checkpoint, or None.
-
-        A damaged newer one gives a warning naming it, and the one before is
-        used. Every rank reads ``directory`` itself.
-        """
-        for path in reversed(self.checkpoints()):
-            try:
-                return path, self.read_meta(path)
-            except ValueError as exc:
-                warnings.warn(f"keras-adapt: {exc}; using the checkpoint before it",
-                              RuntimeWarning, stacklevel=2)
-        return None
+        """``(path, meta)`` of the newest readable checkpoint, or None: a
+        damaged newer one gives a warning naming it, and the one before is
+        used (:meth:`CheckpointFiles.latest <keras_adapt.checkpointing.CheckpointFiles.latest>`)."""
+        return self.files.latest()
 
     def position(self):
         """``(epoch, step in epoch)`` where a rerun resumes (``(0, 0)`` without a checkpoint)."""
-        found = self.latest()
-        if found is None:
-            return 0, 0
-        return found[1]["epoch"], found[1]["step_in_epoch"]
+        return self.files.position()
 
     # -- fit -------------------------------------------------------------
     def fit(self, model, x=None, y=None, batch_size=32, epochs=1, callbacks=(), shuffle=True,
@@ -309,25 +263,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         return history
 
     # -- state -------------------------------------------------------------
-    def _make_checkpoint(self):
-        optimizer = self.model.optimizer
-        with tf.init_scope():
-            self._epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-            self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-            self._meta = tf.Variable("", dtype=tf.string, trainable=False)
-        adapt = tf.train.Checkpoint(**optimizer.adapt_state.checkpoint_variables())
-        self._checkpoint = tf.train.Checkpoint(model=self.model, optimizer=optimizer, adapt=adapt,
-                                               epoch=self._epoch_var, step=self._step_var,
-                                               meta=self._meta)
-        self._manager = None  # made by the rank that writes, when it first does
-
     def _restore(self, path, meta):
-        self._load(path, meta)
+        self.files.load(path, meta)
         if self._dataset is not None and meta.get("data") is not None:
             self._dataset.set_state(meta["data"])
-        states = self._policy_states(path, meta)
+        states = self.files.policy_states(path, meta, self._policy_list)
         for policy, saved in zip(self._policy_list, states):
-            policy.set_state(saved)
+            policy.restore_at_train_begin(saved)
         # Every rank must have restored the same checkpoint.
         number = float(path.rsplit("-", 1)[-1])
         agreed = _hvd.host_allreduce_mean([number, number ** 2], "keras_adapt_resume_check")
@@ -335,87 +277,46 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             raise ValueError(f"rank {_hvd.rank()} restored {path} but the workers restored "
                              f"different checkpoints: put {self.directory} on a file system "
                              "every worker sees, unchanged between their reads")
-        self._record_resume(path, meta)
+        self.record_resume(path, meta)
 
-    def _load(self, path, meta):
-        """Restores the model, the optimizer and keras-adapt's variables and
-        the synchronisation strategy's choice from ``path`` (no collective)."""
-        model = self.model
-        if not getattr(model, "built", True) or not model.trainable_variables:
-            raise ValueError(
-                f"cannot resume from {path}: the model has no weights yet (built lazily). "
-                "Give it a keras.Input or call model.build(input_shape) before fit")
-        optimizer = model.optimizer
-        # The choice first (its variables are then overwritten by the saved ones).
-        optimizer.adapt_state.sync.set_state(meta["sync"])
-        build_slots(optimizer, model.trainable_variables)
-        try:
-            self._checkpoint.restore(path).assert_existing_objects_matched()
-        except AssertionError as exc:
-            message = str(exc).strip()
-            first = message.splitlines()[0] if message else type(exc).__name__
-            raise ValueError(
-                f"checkpoint {path} does not hold all of this run's state ({first}): resume "
-                "with the model, the DistributedOptimizer settings (gradient_stats, "
-                "backward_passes_per_step, sync_strategy) and the keras-adapt version that "
-                f"wrote it, or start afresh with another directory than {self.directory}"
-            ) from exc
-        acc = optimizer.adapt_state.accumulation
-        if acc is not None:
-            acc.steps_value = int(acc.steps.numpy())
-        # As after an elastic sync: the next update enters the strategy again
-        # from the restored model (BMUF's and EASGD's own models restart there).
-        optimizer.adapt_state.sync.rejoin()
+    def record_resume(self, path, meta, before=None, after=None):
+        """Records the ``resume`` event of a run restarted from checkpoint
+        ``path`` (its :meth:`read_meta` is ``meta``), with what else changed
+        (``before``, ``after``: dicts, e.g. the worker count); returns it.
+        The run is in the checkpoint's epoch from then on.
 
-    def _policy_states(self, path, meta):
-        states = meta.get("policies", [])
-        if len(states) != len(self._policy_list):
-            raise ValueError(
-                f"checkpoint {path} holds the state of {len(states)} policies "
-                f"({', '.join(s['class'] for s in states) or 'none'}) but "
-                f"{len(self._policy_list)} are given; resume with the same callbacks")
-        return [saved["state"] for saved in states]
+        Example:
 
-    def _record_resume(self, path, meta, rescaled=None):
-        before, after = {}, {}
-        if rescaled is not None:  # under elastic: the workers, and what the rule changed
-            before = {"workers": meta["workers"], **rescaled["before"]}
-            after = {"workers": _hvd.size(), **rescaled["after"]}
-        self._record("resume", f"resumed from {os.path.basename(path)}", before,
-                     {**after, "epoch": meta["epoch"], "step_in_epoch": meta["step_in_epoch"],
-                      "step": meta["step"], "checkpoint": path})
-
-    def _host_state(self, epoch, step_in_epoch):
-        sync = self.model.optimizer.adapt_state.sync
-        return {
-            "epoch": int(epoch), "step_in_epoch": int(step_in_epoch),
-            "step": self._step(), "workers": _hvd.size(), "wall_time": time.time(),
-            "sync": sync.get_state(),
-            "data": None if self._dataset is None else self._dataset.get_state(),
-            "policies": [{"class": type(p).__name__, "state": p.get_state()}
-                         for p in self._policy_list],
-        }
+        >>> import tempfile, keras, keras_adapt
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp())
+        >>> ckpt.attach(model)
+        >>> path = ckpt.save(1, 2)
+        >>> event = ckpt.record_resume(*ckpt.latest(), before={"workers": 2}, after={"workers": 1})
+        >>> event["kind"], event["epoch"], event["before"], event["after"]["workers"]
+        ('resume', 1, {'workers': 2}, 1)
+        """
+        self._epoch = meta["epoch"]
+        return self._record("resume", f"resumed from {os.path.basename(path)}", before or {},
+                            {**(after or {}), "epoch": meta["epoch"],
+                             "step_in_epoch": meta["step_in_epoch"], "step": meta["step"],
+                             "checkpoint": path})
 
     def _step(self):
         return int(self.model.optimizer.iterations.numpy())
 
     def _save(self, epoch, step_in_epoch):
         """Rank 0 writes a checkpoint at (epoch, step_in_epoch); returns its path (None elsewhere)."""
-        if _hvd.rank() != 0:
-            return None
-        if self._manager is None:
-            self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory,
-                                                       max_to_keep=self.max_to_keep)
-        self._epoch_var.assign(epoch)
-        self._step_var.assign(step_in_epoch)
-        self._meta.assign(json.dumps(self._host_state(epoch, step_in_epoch)))
-        return self._manager.save(checkpoint_number=self._step())
+        return self.files.write(epoch, step_in_epoch, self._dataset, self._policy_list)
 
     def _record(self, kind, reason, before, after):
         event = events.emit(kind, step=self._step(), epoch=self._epoch,
                             policy=type(self).__name__, reason=reason, before=before,
                             after=after, log_dir=self.log_dir)
         self.events.append(event)
+        return event
 
     # -- signals -----------------------------------------------------------
     def start_deadline(self, signal_name):
@@ -445,8 +346,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     # -- Keras hooks ---------------------------------------------------------
     def set_model(self, model):
         super().set_model(model)
-        if self._checkpoint is None or self._checkpoint.model is not model:
-            self._make_checkpoint()
+        self.files.attach(model)
         if self._pending is not None:
             (path, meta), self._pending = self._pending, None
             self._epoch = meta["epoch"]
@@ -570,122 +470,63 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._saved.set()
         self.signal_to_disk_s = time.time() - first
 
-    # -- under keras_adapt.elastic -------------------------------------------
-    def elastic_problem(self):
-        """Why this checkpoint cannot serve an elastic job, with the fix (a
-        string), or None. Under :func:`keras_adapt.elastic.fit` it is written
-        only when every worker is signalled, and the processes must end.
+    # -- driven by another training loop -------------------------------------
+    def attach(self, model, dataset=None, policies=(), log_dir=None):
+        """What the checkpoints hold when a training loop other than
+        :meth:`fit` drives this callback (the elastic one:
+        :func:`keras_adapt.elastic.fit`): ``model`` (and its optimizer), the
+        position of ``dataset`` (an :class:`~keras_adapt.data.AdaptiveBatchDataset`
+        or None) and the states of ``policies``; the events go to
+        ``log_dir`` when this callback was given none.
 
-        Example:
-
-        >>> import tempfile
-        >>> from keras_adapt.callbacks import PreemptionCheckpoint
-        >>> PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=None).elastic_problem() is None
-        True
-        >>> print(PreemptionCheckpoint(tempfile.mkdtemp(), exit_code=None, save_freq=None)
-        ...       .elastic_problem())
-        exit_code=None (fit returns) cannot work under elastic: ...; use an exit code (default 75)
+        Example: see :meth:`save`.
         """
-        if self.exit_code is None:
-            return ("exit_code=None (fit returns) cannot work under elastic: the workers of a "
-                    f"stopped elastic job must end; use an exit code (default {EXIT_CODE})")
-        return None
-
-    def _bind(self, state):
-        self.set_model(state.model)
-        self._dataset, self._policy_list = state.dataset, list(state.policies)
+        self.set_model(model)
+        self._dataset, self._policy_list = dataset, list(policies)
         if self.log_dir is None:
-            self.log_dir = state.log_dir
+            self.log_dir = log_dir
 
-    def resume_elastic(self, state):
-        """At every entry of :func:`keras_adapt.elastic.fit`, on every rank
-        (one host allreduce): at the first entry of a fresh job (no process
-        of it has trained yet), rank 0 restores the newest readable
-        checkpoint (falling back past a damaged one, with a warning) into the
-        model, the optimizer and ``state`` (a
-        :class:`~keras_adapt.elastic.KerasState`: position, data position,
-        policies), records a ``resume`` event, and ``state.sync()`` gives it
-        to every rank. A checkpoint written by another worker count gets the
-        state's :class:`~keras_adapt.elastic.ResizeRule` as at a change of
-        workers (:meth:`~keras_adapt.elastic.KerasState.rescale_from`: the
-        per-worker batch, the learning rate); the ``resume`` event records the
-        workers before and after and what was rescaled. Only rank 0 reads
-        ``directory``. A worker joining a
-        running job restores nothing: the job's state reaches it by the
-        elastic sync. Returns the checkpoint's path, or None.
-
-        Example (one process: a stop written, then a fresh job resumes):
-
-        >>> import tempfile, time, keras, keras_adapt
-        >>> from keras_adapt import elastic
-        >>> from keras_adapt.callbacks import PreemptionCheckpoint
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
-        >>> state, directory = elastic.KerasState(model, epoch=1, batch=4), tempfile.mkdtemp()
-        >>> PreemptionCheckpoint(directory, save_freq=None).stop_elastic(
-        ...     state, {0: ("SIGTERM", time.time())}, check_interval=1)
-        >>> state.epoch, state.batch = 0, 0
-        >>> path = PreemptionCheckpoint(directory, save_freq=None).resume_elastic(state)
-        >>> path.endswith("ckpt-0"), (state.epoch, state.batch)
-        (True, (1, 4))
-        """
-        self._bind(state)
-        fresh, self._elastic_entered = float(not self._elastic_entered), True
-        if _hvd.host_allreduce_mean([fresh], "keras_adapt_resume_fresh")[0] < 1.0:
-            return None  # a running job: its state is the elastic one
-        found = self.latest() if _hvd.rank() == 0 else None
-        number, saved_workers = -1.0, -1.0
-        if found is not None:
-            path, meta = found
-            self._load(path, meta)
-            state.load(meta["epoch"], meta["step_in_epoch"], data_state=meta.get("data"),
-                       policy_states=self._policy_states(path, meta))
-            self._epoch = meta["epoch"]
-            number, saved_workers = float(path.rsplit("-", 1)[-1]), float(meta["workers"])
-        number, saved_workers = _hvd.host_allreduce_max([number, saved_workers],
-                                                        "keras_adapt_resume_found")
-        if number < 0.0:
-            return None
-        state.sync()
-        # Written by another worker count: the resize rule applies as at a
-        # change of workers (every rank; the sync gave them the saved state).
-        rescaled = state.rescale_from(int(saved_workers))
-        if found is not None:
-            self._record_resume(path, meta, rescaled)
-        return os.path.join(self.directory, f"ckpt-{int(number)}")
-
-    def save_elastic(self, state):
-        """A periodic checkpoint under elastic, on every rank right after a
-        commit (:class:`~keras_adapt.elastic.CommitStateCallback` calls it at
-        the commits of ``save_freq``): rank 0 writes the checkpoint at the
-        committed position of ``state`` and records a ``checkpoint`` event;
-        no collective (a worker that joins later runs nothing the others do
-        not). Returns the path written (None on other ranks).
+    def save(self, epoch, step_in_epoch):
+        """A periodic checkpoint at ``(epoch, step_in_epoch)``, now: rank 0
+        writes it (what :meth:`attach` gave) and records a ``checkpoint``
+        event; no collective. Returns the path written (None on other ranks).
 
         Example:
 
         >>> import tempfile, keras, keras_adapt
-        >>> from keras_adapt import elastic
         >>> from keras_adapt.callbacks import PreemptionCheckpoint
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
-        >>> state = elastic.KerasState(model, epoch=1, batch=4)
         >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=10)
-        >>> path = ckpt.save_elastic(state)
+        >>> ckpt.attach(model)
+        >>> path = ckpt.save(1, 4)
         >>> ckpt.position(), ckpt.events[-1]["kind"]
         ((1, 4), 'checkpoint')
         """
-        self._bind(state)
-        self._epoch = int(state.epoch)
-        return self._periodic(int(state.epoch), int(state.batch))
+        self._epoch = int(epoch)
+        return self._periodic(int(epoch), int(step_in_epoch))
 
-    def stop_elastic(self, state, signalled, check_interval):
-        """Every rank of an elastic job whose every rank was signalled, at the
-        agreed step, after ``state.commit()``: rank 0 writes the checkpoint at
-        the state's position and the ``preemption`` event, and every rank
-        waits until both are on disk. The caller then ends the process with
-        :attr:`exit_code`."""
-        self._bind(state)
-        self._epoch = int(state.epoch)
+    def stop(self, epoch, step_in_epoch, signalled, check_interval):
+        """Every rank, once all have agreed to stop at ``(epoch,
+        step_in_epoch)``: rank 0 writes the checkpoint (what :meth:`attach`
+        gave) and the ``preemption`` event, and every rank waits until both
+        are on disk (one host allreduce). ``signalled``: ``{rank: (signal
+        name, time)}`` as agreed; ``check_interval``: the steps between the
+        last two agreements. The caller then ends the process with
+        :attr:`exit_code`.
+
+        Example:
+
+        >>> import tempfile, time, keras, keras_adapt
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras_adapt.DistributedOptimizer("sgd"), "mse")
+        >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp(), save_freq=None)
+        >>> ckpt.attach(model)
+        >>> ckpt.stop(1, 4, {0: ("SIGTERM", time.time())}, check_interval=1)
+        >>> ckpt.preempted, ckpt.position(), ckpt.events[-1]["after"]["signals"]
+        (True, (1, 4), ['SIGTERM'])
+        """
+        self._epoch = int(epoch)
         self.preempted = True
-        self._stop(int(state.epoch), int(state.batch), signalled, check_interval)
+        self._stop(int(epoch), int(step_in_epoch), signalled, check_interval)

@@ -15,7 +15,7 @@ Example:
 32
 """
 
-from keras_adapt.elastic.callbacks import (
+from keras_adapt.elastic.state_callbacks import (
     CommitStateCallback,
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
@@ -24,7 +24,7 @@ from keras_adapt.elastic.fit import fit
 from keras_adapt.elastic.leave_on_signal import LeaveOnSignalCallback
 from keras_adapt.elastic.resize_rule import ResizeRule
 from keras_adapt.elastic.run import is_collective_failure, run
-from keras_adapt.elastic.state import KerasState
+from keras_adapt.elastic.keras_state import KerasState
 
 __all__ = [
     "CommitStateCallback",

@@ -1,8 +1,9 @@
 """``fit``: ``model.fit`` from the committed position of an elastic state."""
 
-from keras_adapt.callbacks._common import epoch_ender
 from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
-from keras_adapt.elastic.callbacks import (
+from keras_adapt.checkpointing import epoch_ender
+from keras_adapt.elastic import disk_checkpoint
+from keras_adapt.elastic.state_callbacks import (
     CommitStateCallback,
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
@@ -115,7 +116,7 @@ def fit(state, data, epochs, steps_per_epoch=None, callbacks=(), **kwargs):
     kwargs.setdefault("shuffle", False)
     callbacks, leave = _with_elastic_callbacks(state, list(callbacks))
     if leave.checkpoint is not None:
-        leave.checkpoint.resume_elastic(state)  # every entry: a fresh job restores from disk
+        disk_checkpoint.resume(leave.checkpoint, state)  # every entry: a fresh job restores
     if ender is None and state.batch >= steps_per_epoch:
         raise ValueError(
             f"state.batch={state.batch} but an epoch has steps_per_epoch={steps_per_epoch} "

@@ -15,8 +15,8 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
     ) from exc
 
 from keras_adapt import _hvd, events
-from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE, PreemptionCheckpoint
-from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.optimizer import UpdateBoundary
 
 
@@ -66,7 +66,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             ``"auto"`` (the default): the fewest that keep the agreements
             under 1% of the step time, capped so that they are at most a
             quarter of ``deadline_s`` apart
-            (:class:`~keras_adapt.callbacks.signal_agreement.CheckInterval`,
+            (:class:`~keras_adapt.coordination.signal_agreement.CheckInterval`,
             from the workers' averaged measurements: the same on every rank).
         deadline_s: the platform's grace period after SIGTERM (30 s on most
             clouds and Kubernetes); only bounds the ``"auto"`` interval.
@@ -115,12 +115,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         if checkpoint is not None:
-            if not isinstance(checkpoint, PreemptionCheckpoint):
-                raise TypeError(f"checkpoint must be a keras_adapt.callbacks.PreemptionCheckpoint "
-                                f"or None, got {checkpoint!r}")
-            problem = checkpoint.elastic_problem()
-            if problem:
-                raise ValueError(f"PreemptionCheckpoint({checkpoint.directory!r}): {problem}")
+            disk_checkpoint.checked(checkpoint)
         self.state = state
         self.checkpoint = checkpoint
         self.check_interval = check_interval
@@ -183,7 +178,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         if not stay and self.checkpoint is not None:
             # The whole job stops: to disk (its event), then every process ends.
             self.agreement.remove()
-            self.checkpoint.stop_elastic(self.state, self.leaving, self._agreed_interval)
+            disk_checkpoint.stop(self.checkpoint, self.state, self.leaving, self._agreed_interval)
             self._exit(self.checkpoint.exit_code)
         first = min(t for _, t in self.leaving.values())
         names = ", ".join(f"{self.leaving[r][0]} on rank {r}" for r in leavers)

@@ -18,7 +18,7 @@ The package follows one optimizer update:
 * :mod:`~keras_adapt.optimizer.accumulation`,
   :mod:`~keras_adapt.optimizer.lr_control` -- state that actuators change
   without retracing;
-* :mod:`~keras_adapt.optimizer.state` -- :class:`AdaptState`, the public
+* :mod:`~keras_adapt.optimizer.adapt_state` -- :class:`AdaptState`, the public
   object (``optimizer.adapt_state``) through which callbacks, actuators and
   policies reach all of the above;
 * :mod:`~keras_adapt.optimizer.learning_rate` -- the user's and the
@@ -49,7 +49,7 @@ from keras_adapt.optimizer.learning_rate import (
 from keras_adapt.optimizer.lr_control import LearningRateControl, enable_lr_control, is_schedule
 from keras_adapt.optimizer.settings import AdaptSettings
 from keras_adapt.optimizer.slots import build_slots, optimizer_variables
-from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables, variable_key
+from keras_adapt.optimizer.adapt_state import AdaptState, WorkerLocalVariables, variable_key
 from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL, PreviousGradient
 
 __all__ = [

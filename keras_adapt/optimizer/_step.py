@@ -39,7 +39,7 @@ from keras_adapt.optimizer import statistics
 from keras_adapt.optimizer.accumulation import AccumulationState
 from keras_adapt.optimizer.settings import AdaptSettings
 from keras_adapt.optimizer.slots import optimizer_variables
-from keras_adapt.optimizer.state import AdaptState, WorkerLocalVariables
+from keras_adapt.optimizer.adapt_state import AdaptState, WorkerLocalVariables
 from keras_adapt.sync import SyncState
 from keras_adapt import _hvd, ops
 

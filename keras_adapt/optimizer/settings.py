@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple
 from keras_adapt import _hvd
 from keras_adapt.monitors.gradient_stats import GradientStatistics
 from keras_adapt.optimizer.statistics import DEFAULT_STATS_INTERVAL
-from keras_adapt.sync.state import candidates_from
+from keras_adapt.sync.sync_state import candidates_from
 
 _FLAGS = ("gradient_stats", "skip_nonfinite", "sparse_as_dense",
           "average_aggregated_gradients", "scale_local_gradients")

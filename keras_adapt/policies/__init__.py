@@ -16,7 +16,7 @@ from keras_adapt.policies.goodput_batch_size import (
 )
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
 from keras_adapt.policies.progress import TrainingProgress
-from keras_adapt.policies.resize import (
+from keras_adapt.policies.worker_scaling import (
     GNSWorkerScalingPolicy,
     ResizePolicy,
     ThroughputScalingPolicy,

@@ -361,13 +361,22 @@ class AdaptationPolicy(keras.callbacks.Callback):
         return {"last_adapt": self._last_adapt}
 
     def restore(self, state):
-        """Applies a state from :meth:`get_state` (called at train begin)."""
+        """Applies a state from :meth:`get_state` now (see also
+        :meth:`restore_at_train_begin`)."""
         last = state.get("last_adapt")
         if last is not None:
             self._last_adapt = int(last)
 
-    def set_state(self, state):
-        """Restores ``state`` when training (re)starts; records a ``resume`` event."""
+    def restore_at_train_begin(self, state):
+        """Keeps ``state`` (from :meth:`get_state`) and restores it when
+        training (re)starts, then records a ``resume`` event.
+
+        Example:
+
+        >>> from keras_adapt.policies import AdaptationPolicy
+        >>> policy = AdaptationPolicy()
+        >>> policy.restore_at_train_begin({"last_adapt": 40})   # applied by the next fit
+        """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from get_state(), got {type(state).__name__}")
         self._pending_state = dict(state)
@@ -393,7 +402,7 @@ class AdaptationPolicy(keras.callbacks.Callback):
     def load_state(self, path):
         """Reads a state written by :meth:`save_state`; applied at train begin."""
         with open(path) as f:
-            self.set_state(json.load(f))
+            self.restore_at_train_begin(json.load(f))
 
     # -- config --------------------------------------------------------------
     def get_config(self):

@@ -190,7 +190,7 @@ class StragglerPolicy(AdaptationPolicy):
     def __init__(self, monitor, warmup_s=30.0, threshold=0.067, patience=3, interval=None,
                  action="record", dataset=None, exclude_file=None, min_workers=None,
                  log_dir=None, verbose=0):
-        from keras_adapt.callbacks import WorkerTimingMonitor
+        from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 
         if not isinstance(monitor, WorkerTimingMonitor):
             raise TypeError(

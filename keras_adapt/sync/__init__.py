@@ -28,7 +28,7 @@ from keras_adapt.sync.block_momentum import BlockMomentum
 from keras_adapt.sync.elastic_averaging import ElasticAveraging
 from keras_adapt.sync.local_sgd import LocalSGD
 from keras_adapt.sync.model_averaging import ModelAveraging
-from keras_adapt.sync.state import STRATEGIES, SyncState, candidates_from
+from keras_adapt.sync.sync_state import STRATEGIES, SyncState, candidates_from
 
 __all__ = [
     "STRATEGIES",

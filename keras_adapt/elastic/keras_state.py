@@ -44,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
 
 from keras_adapt import _hvd, events
 from keras_adapt import optimizer as _optimizer
-from keras_adapt.callbacks.broadcast_global_variables import broadcast_variables
+from keras_adapt.coordination import broadcast_variables
 from keras_adapt.elastic.resize_rule import ResizeRule
 
 

@@ -28,7 +28,7 @@ def candidates_from(sync_strategy):
     Example:
 
     >>> from keras_adapt.sync import LocalSGD
-    >>> from keras_adapt.sync.state import candidates_from
+    >>> from keras_adapt.sync.sync_state import candidates_from
     >>> candidates_from([LocalSGD(4), "allreduce_sgd"])
     (LocalSGD(period=4, start_after=0), AllReduceSGD())
     """

@@ -11,6 +11,10 @@ from keras_adapt import _hvd
 
 #: The signals a preempted machine (SIGTERM) or a user (SIGINT, Ctrl-C) sends.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The default exit code of a process that stops for one of them:
+#: ``EX_TEMPFAIL`` of ``sysexits.h``, "a temporary failure, the user is
+#: invited to retry".
+EXIT_CODE = 75
 
 
 class SignalAgreement:
@@ -43,7 +47,7 @@ class SignalAgreement:
     Example:
 
     >>> import os, signal
-    >>> from keras_adapt.callbacks import SignalAgreement
+    >>> from keras_adapt.coordination import SignalAgreement
     >>> agreement = SignalAgreement("demo_signals", signals=(signal.SIGUSR1,))
     >>> agreement.install()
     >>> os.kill(os.getpid(), signal.SIGUSR1)
@@ -136,7 +140,7 @@ def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
 
     Example (an agreement of 5 ms, steps of 7 ms and of 1 s, 25 s deadline):
 
-    >>> from keras_adapt.callbacks.signal_agreement import auto_check_interval
+    >>> from keras_adapt.coordination.signal_agreement import auto_check_interval
     >>> auto_check_interval(0.005, 0.007, 25.0), auto_check_interval(0.005, 1.0, 25.0)
     (72, 1)
     >>> auto_check_interval(0.005, 0.001, 2.0)   # capped: 500 steps = 0.5 s
@@ -167,7 +171,7 @@ class CheckInterval:
 
     Example:
 
-    >>> from keras_adapt.callbacks.signal_agreement import CheckInterval, SignalAgreement
+    >>> from keras_adapt.coordination.signal_agreement import CheckInterval, SignalAgreement
     >>> schedule = CheckInterval("auto", deadline_s=25.0)
     >>> schedule.start(); schedule.step_ended(); schedule.step_ended()
     >>> signalled = schedule.agree(SignalAgreement("demo_schedule"))

@@ -152,7 +152,7 @@ def step_pays(low, high, throughput_low, throughput_high, efficiency):
 
     Example:
 
-    >>> from keras_adapt.policies.resize import step_pays
+    >>> from keras_adapt.policies.worker_scaling import step_pays
     >>> step_pays(1, 2, 100.0, 185.0, 0.8), step_pays(1, 2, 100.0, 175.0, 0.8)
     (True, False)
     """
@@ -377,7 +377,7 @@ def workers_for_noise_scale(gns, per_worker_batch):
 
     Example:
 
-    >>> from keras_adapt.policies.resize import workers_for_noise_scale
+    >>> from keras_adapt.policies.worker_scaling import workers_for_noise_scale
     >>> workers_for_noise_scale(300.0, 64)
     4.6875
     """

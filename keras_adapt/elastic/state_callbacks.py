@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
+from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.optimizer import UpdateBoundary
 
 #: ``batches_per_commit="auto"`` (the default) commits every this many steps
@@ -44,7 +45,7 @@ def auto_interval(commit_seconds, step_seconds, max_cost=AUTO_MAX_COST,
 
     Example:
 
-    >>> from keras_adapt.elastic.callbacks import auto_interval
+    >>> from keras_adapt.elastic.state_callbacks import auto_interval
     >>> auto_interval(0.006, 0.003)      # a 6 ms commit after 3 ms steps: 400 steps
     400
     >>> auto_interval(0.006, 0.5)        # after 0.5 s steps: every 3 steps
@@ -192,7 +193,7 @@ class CommitStateCallback(keras.callbacks.Callback):
     def _write_checkpoint(self):
         if self._write:
             self._write = False
-            self.checkpoint.save_elastic(self.state)
+            disk_checkpoint.save(self.checkpoint, self.state)
 
     def _choose_interval(self):
         """Every rank runs this at the same commit: one allreduce takes the
