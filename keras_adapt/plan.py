@@ -14,7 +14,7 @@ workers at global batch B?" from what one run recorded:
    One update takes ``k`` micro-steps, so its time is ``k`` x the mean
    over the workers.
 2. **Throughput model.** Those update times fit
-   :class:`keras_adapt.perf_model.ThroughputModel` (the first interval of
+   :class:`keras_adapt.formulas.throughput.ThroughputModel` (the first interval of
    every visit to a configuration is dropped as warm-up, the median of the
    rest is the configuration's time). A fit that is not usable (too few
    configurations, or not better than a constant) stops the plan with its
@@ -57,8 +57,8 @@ import json
 import math
 import numbers
 
-from keras_adapt.perf_model import ThroughputModel
-from keras_adapt.policies.goodput_batch_size import statistical_efficiency
+from keras_adapt.formulas.goodput import statistical_efficiency
+from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.record import metadata
 
 __all__ = ["NOISE_SCALE_TAIL", "Observation", "Plan", "PlanError", "PreemptibleEstimate", "Row",
@@ -92,7 +92,7 @@ def samples_needed(samples, batch, base_batch, noise_scale):
 
     ``samples / E(batch)`` with Pollux's statistical efficiency
     ``E(B) = (phi + B0)/(phi + B)`` (DESIGN.md section 3,
-    :func:`keras_adapt.policies.statistical_efficiency`), so
+    :func:`keras_adapt.formulas.goodput.statistical_efficiency`), so
     ``samples * (phi + B)/(phi + B0)``: about the same samples while ``B``
     is well below the noise scale ``phi``, and ``B/B0`` times as many far
     above it.
@@ -699,7 +699,7 @@ def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=No
             largest the run used).
         warmup, min_observations: write intervals dropped at the start of
             each visit to a configuration, and needed after it
-            (:class:`keras_adapt.perf_model.ThroughputModel`).
+            (:class:`keras_adapt.formulas.throughput.ThroughputModel`).
 
     Raises :class:`PlanError` (a ``ValueError``) naming the bad value and
     the fix: bad options, no adapt data, too few observations, a fit that

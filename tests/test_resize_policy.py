@@ -12,7 +12,7 @@ import keras_adapt
 from keras_adapt import discover, events
 from keras_adapt.actuators import GradientAccumulation, WorkerTarget
 from keras_adapt.callbacks import WorkerTimingMonitor
-from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.policies import GNSWorkerScalingPolicy, ResizePolicy, ThroughputScalingPolicy
 from keras_adapt.policies.resize import step_pays
 

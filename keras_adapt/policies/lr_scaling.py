@@ -2,7 +2,7 @@
 
 from keras_adapt import events
 from keras_adapt.actuators import GlobalBatchSize
-from keras_adapt.policies import scaling_rules
+from keras_adapt.formulas import scaling_rules
 from keras_adapt.policies._lr_follower import LRFollower
 from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
 

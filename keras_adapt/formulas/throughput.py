@@ -55,7 +55,7 @@ such a split says so (``Prediction.determined`` is False).
 
 Example:
 
->>> from keras_adapt.perf_model import ThroughputModel
+>>> from keras_adapt.formulas.throughput import ThroughputModel
 >>> model = ThroughputModel(warmup=0)
 >>> for b in (16, 32, 64, 128):
 ...     for n in (1, 2):
@@ -120,7 +120,7 @@ def design_row(batch_size, workers=1, accumulation=1):
 
     Example:
 
-    >>> from keras_adapt.perf_model import design_row
+    >>> from keras_adapt.formulas.throughput import design_row
     >>> design_row(32, workers=2, accumulation=4)
     [128.0, 4.0, 1.0, 0.5, 1.0, 2.0, 64.0]
     """
@@ -148,7 +148,7 @@ class Prediction:
 
     Example:
 
-    >>> from keras_adapt.perf_model import Prediction
+    >>> from keras_adapt.formulas.throughput import Prediction
     >>> p = Prediction(0.020, 0.0004, True)
     >>> round(p.relative_std, 3), float(p)
     (0.02, 0.02)
@@ -206,7 +206,7 @@ class ThroughputFit:
 
     Example:
 
-    >>> from keras_adapt.perf_model import ThroughputModel
+    >>> from keras_adapt.formulas.throughput import ThroughputModel
     >>> model = ThroughputModel(warmup=0, min_observations=1)
     >>> for b in (8, 16, 32, 64):
     ...     _ = model.observe(b, 0.001 + 2e-4 * b)
@@ -245,7 +245,7 @@ class ThroughputFit:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> _ = model.observe(32, 0.01)
         >>> model.fit().fitted
@@ -273,7 +273,7 @@ class ThroughputFit:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> for b in (8, 16, 32, 64):
         ...     _ = model.observe(b, 0.001 + 2e-4 * b)
@@ -320,7 +320,7 @@ class ThroughputFit:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> for b in (8, 16, 32, 64):
         ...     _ = model.observe(b, 0.001 + 2e-4 * b)
@@ -497,7 +497,7 @@ class ThroughputModel:
 
     Example:
 
-    >>> from keras_adapt.perf_model import ThroughputModel
+    >>> from keras_adapt.formulas.throughput import ThroughputModel
     >>> model = ThroughputModel(warmup=1)
     >>> model.observe(32, 0.5)      # the first update after a change: discarded
     False
@@ -563,7 +563,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=1)
         >>> model.observe(64, 0.031, workers=2), model.observe(64, 0.012, workers=2)
         (False, True)
@@ -594,7 +594,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, window=2, min_observations=1)
         >>> for t in (0.1, 0.2, 0.3):
         ...     _ = model.observe(8, t)
@@ -608,7 +608,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0)
         >>> _ = model.observe(8, 0.1); model.reset(); model.configurations()
         {}
@@ -625,7 +625,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=1)
         >>> for t in (0.5, 0.02, 0.021):
         ...     _ = model.observe(16, t, workers=2)
@@ -643,7 +643,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=1)
         >>> model.set_state({"configurations": [[16, 2, 1, [0.02, 0.021]]],
         ...                  "current": [16, 2, 1], "run": 3})
@@ -678,7 +678,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0)
         >>> _ = model.observe(8, 0.1)
         >>> fit = model.fit()
@@ -694,7 +694,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0)
         >>> model.predict_step_time(32)
         Traceback (most recent call last):
@@ -708,7 +708,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> for b in (8, 16, 32, 64):
         ...     _ = model.observe(b, 0.001 + 1e-4 * b)
