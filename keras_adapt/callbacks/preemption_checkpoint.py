@@ -11,11 +11,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_adapt import _hvd, events
+from keras_adapt import _hvd
 from keras_adapt.callbacks._common import epoch_ender
 from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
+from keras_adapt.record import events
 
 #: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
 #: ``sysexits.h``, "a temporary failure, the user is invited to retry".

@@ -14,10 +14,11 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
         "keras_adapt.elastic needs Horovod (horovod==0.28.1 with Gloo); see docs/install.md"
     ) from exc
 
-from keras_adapt import _hvd, events
+from keras_adapt import _hvd
 from keras_adapt.callbacks.preemption_checkpoint import EXIT_CODE, PreemptionCheckpoint
 from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.optimizer import UpdateBoundary
+from keras_adapt.record import events
 
 
 class LeaveOnSignalCallback(keras.callbacks.Callback):
