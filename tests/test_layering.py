@@ -1,8 +1,10 @@
-"""The direction of imports: the library never imports its viewer.
+"""The direction of imports: the library never imports its viewer, and the
+offline parts never import the frameworks.
 
 keras-adapt owns the schema of what it records (``keras_adapt.record``); the
-TensorBoard plugin imports it. Checked in fresh interpreters, so nothing an
-earlier test imported can hide an import.
+TensorBoard plugin imports it. The pure math (``keras_adapt.formulas``), the
+planner and the report need neither TensorFlow, Keras nor Horovod. Checked in
+fresh interpreters, so nothing an earlier test imported can hide an import.
 """
 
 import subprocess
@@ -41,3 +43,34 @@ def test_the_schema_and_reader_load_without_tensorflow():
         print("tensorflow" in sys.modules, metadata.PROTO_VERSION)
     """)
     assert out.split() == ["False", "1"]
+
+
+FRAMEWORKS = ("tensorflow", "keras", "horovod")
+
+
+def test_the_offline_commands_import_no_framework():
+    # keras-adapt plan and report read logs: importing them, and their command
+    # line up to reading, loads neither TensorFlow, Keras nor Horovod
+    out = _run("""
+        import contextlib, io, sys
+        import keras_adapt.plan, keras_adapt.report
+        from keras_adapt import cli
+        for command in ("plan", "report"):
+            with contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    cli.main([command, "--help"])
+                except SystemExit as stop:
+                    assert stop.code == 0, (command, stop.code)
+        print(sorted(m for m in sys.modules if m.split(".")[0] in %r))
+    """ % (FRAMEWORKS,))
+    assert out.strip() == "[]"
+
+
+def test_the_formulas_import_no_framework_and_no_other_part_of_the_library():
+    out = _run("""
+        import sys
+        import keras_adapt.formulas
+        print(sorted(m for m in sys.modules if m.split(".")[0] in %r
+                     or m.startswith("keras_adapt.") and not m.startswith("keras_adapt.formulas")))
+    """ % (FRAMEWORKS,))
+    assert out.strip() == "['keras_adapt.version']"
