@@ -16,7 +16,7 @@ few dozen updates per visit, so slow drifts of the machine touch them all
 alike. An update's time runs from the end of one update's last micro-step to the
 end of the next's (k micro-steps and the collective).
 
-The times feed :class:`keras_adapt.perf_model.ThroughputModel` as a job would
+The times feed :class:`keras_adapt.formulas.throughput.ThroughputModel` as a job would
 (one observation per update; the first 3 updates of each visit are the
 model's warm-up discard). Two splits, each a fit on some configurations and a
 prediction of the others, which the fit never saw:
@@ -50,7 +50,7 @@ import time
 from _workers import parser as worker_parser
 from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
-from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.formulas.throughput import ThroughputModel
 
 BATCHES = (16, 32, 64, 128, 256)
 ACCUMULATIONS = (1, 2)

@@ -23,8 +23,8 @@ import importlib
 from keras_adapt.version import __version__
 
 #: Subpackages and modules reachable as attributes of the package.
-_MODULES = ("actuators", "callbacks", "data", "discover", "elastic", "events", "monitors", "ops",
-            "perf_model", "policies")
+_MODULES = ("actuators", "callbacks", "data", "discover", "elastic", "formulas", "monitors", "ops",
+            "policies", "record")
 #: Public names -> the module that defines them.
 _NAMES = {
     "DistributedOptimizer": "keras_adapt.optimizer",

@@ -14,7 +14,7 @@ workers at global batch B?" from what one run recorded:
    One update takes ``k`` micro-steps, so its time is ``k`` x the mean
    over the workers.
 2. **Throughput model.** Those update times fit
-   :class:`keras_adapt.perf_model.ThroughputModel` (the first interval of
+   :class:`keras_adapt.formulas.throughput.ThroughputModel` (the first interval of
    every visit to a configuration is dropped as warm-up, the median of the
    rest is the configuration's time). A fit that is not usable (too few
    configurations, or not better than a constant) stops the plan with its
@@ -57,9 +57,10 @@ import json
 import math
 import numbers
 
-from keras_adapt.perf_model import ThroughputModel
-from keras_adapt.policies.goodput_batch_size import statistical_efficiency
+from keras_adapt.formulas.goodput import statistical_efficiency
+from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.record import metadata
+from keras_adapt.record.runs import load_runs
 
 __all__ = ["NOISE_SCALE_TAIL", "Observation", "Plan", "PlanError", "PreemptibleEstimate", "Row",
            "RunObservations", "UNCERTAIN", "format_table", "make_plan", "noise_scale",
@@ -93,7 +94,7 @@ def samples_needed(samples, batch, base_batch, noise_scale):
     ``samples / E(batch)`` with Pollux's statistical efficiency
     ``E(B) = (phi + B0)/(phi + B)``
     (docs/design.md#statistical-efficiency-and-goodput,
-    :func:`keras_adapt.policies.statistical_efficiency`), so
+    :func:`keras_adapt.formulas.goodput.statistical_efficiency`), so
     ``samples * (phi + B)/(phi + B0)``: about the same samples while ``B``
     is well below the noise scale ``phi``, and ``B/B0`` times as many far
     above it.
@@ -328,7 +329,7 @@ def _positive_int(value):
 def run_observations(run):
     """The run's update times with their configurations (see the module doc).
 
-    ``run`` is a :class:`keras_adapt.report.RunData` (``load_runs``). A
+    ``run`` is a :class:`keras_adapt.record.runs.RunData` (``load_runs``). A
     write at update ``w`` covers the updates after the previous write
     ``w0`` up to ``w``; a ``batch_size`` event at step ``s`` governs the
     updates after ``s``, so the interval is dropped as mixed when
@@ -339,7 +340,7 @@ def run_observations(run):
     Example:
 
     >>> from keras_adapt.plan import run_observations
-    >>> from keras_adapt.report import RunData
+    >>> from keras_adapt.record.runs import RunData
     >>> t = [(s, 0.0, 0.01) for s in (10, 20, 30)]
     >>> run = RunData("r", {"adapt/step_time/rank_0": t, "adapt/step_time/rank_1": t,
     ...                     "adapt/workers": [(s, 0.0, 2.0) for s in (10, 20, 30)],
@@ -423,7 +424,7 @@ def noise_scale(run):
     Example:
 
     >>> from keras_adapt.plan import noise_scale
-    >>> from keras_adapt.report import RunData
+    >>> from keras_adapt.record.runs import RunData
     >>> values = [50.0, 80.0, 90.0, 100.0, 110.0, 900.0, 105.0, 100.0]
     >>> pts = [(s, 0.0, v) for s, v in enumerate(values)]
     >>> noise_scale(RunData("r", {"adapt/gns": pts}, []))
@@ -700,7 +701,7 @@ def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=No
             largest the run used).
         warmup, min_observations: write intervals dropped at the start of
             each visit to a configuration, and needed after it
-            (:class:`keras_adapt.perf_model.ThroughputModel`).
+            (:class:`keras_adapt.formulas.throughput.ThroughputModel`).
 
     Raises :class:`PlanError` (a ``ValueError``) naming the bad value and
     the fix: bad options, no adapt data, too few observations, a fit that
@@ -718,10 +719,8 @@ def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=No
     options = _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
                        revocations_per_hour, checkpoint_seconds, restart_seconds,
                        noise_scale_value, base_batch, max_micro_batch, warmup, min_observations)
-    from keras_adapt import report
-
-    run_data = _pick_run(report.load_runs(logdir, runs=None if run is None else [run],
-                                          max_points=None), logdir, run)
+    run_data = _pick_run(load_runs(logdir, runs=None if run is None else [run], max_points=None),
+                         logdir, run)
     return _plan(run_data, **options)
 
 
@@ -729,14 +728,14 @@ def plan_run(run_data, samples, workers=DEFAULT_WORKERS, batch_sizes=None,
              price_on_demand=None, price_preemptible=None, revocations_per_hour=None,
              checkpoint_seconds=None, restart_seconds=None, noise_scale_value=None,
              base_batch=None, max_micro_batch=None, warmup=1, min_observations=2):
-    """:func:`make_plan` for a run already read (a :class:`keras_adapt.report.RunData`).
+    """:func:`make_plan` for a run already read (a :class:`keras_adapt.record.runs.RunData`).
 
     Example (a run at one worker whose update takes ``0.004 + 1e-4*b``
     seconds, written every 10 updates, the global batch doubling every 40
     updates, no ``batch_size`` events, so ``k = 1`` is assumed):
 
     >>> from keras_adapt import plan
-    >>> from keras_adapt.report import RunData
+    >>> from keras_adapt.record.runs import RunData
     >>> steps = range(10, 210, 10)
     >>> batch = {s: 16 * 2 ** ((s - 10) // 40) for s in steps}     # 16 ... 256
     >>> run = RunData("demo", {
@@ -851,7 +850,7 @@ def format_table(plan):
     Example:
 
     >>> from keras_adapt import plan
-    >>> from keras_adapt.report import RunData
+    >>> from keras_adapt.record.runs import RunData
     >>> steps = range(10, 210, 10)
     >>> batch = {s: 16 * 2 ** ((s - 10) // 40) for s in steps}     # 16 ... 256
     >>> run = RunData("demo", {

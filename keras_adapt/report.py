@@ -2,26 +2,23 @@
 
 For people without TensorBoard at hand: ``keras-adapt report LOGDIR -o
 report.png`` (or ``report.html``, the picture embedded plus a table of every
-event). It reads the same data as the tab, the same way -- TensorBoard's own
-event-file multiplexer and data provider, through
-``keras_adapt.record.reader`` -- and falls back to a run's
-``adapt_events.jsonl`` when its event files hold no events. Damaged files
-and unknown event kinds are skipped or shown as such, never fatal.
+event). It draws the runs :func:`keras_adapt.record.runs.load_runs` reads:
+the same data as the tab, read the same way. Damaged files and unknown event
+kinds are skipped or shown as such, never fatal.
 
 Example:
 
 >>> import os, tempfile
 >>> import tensorflow as tf
 >>> from keras_adapt import report
->>> from keras_adapt.record import metadata, summary
+>>> from keras_adapt.record import metadata, runs, summary
 >>> logdir = tempfile.mkdtemp()
 >>> with tf.summary.create_file_writer(os.path.join(logdir, "run1")).as_default():
 ...     for s in range(1, 20):
 ...         _ = summary.scalar("gns", 100.0 + s, step=s)
 ...     _ = summary.events([metadata.make_event("batch_size", 10, 0, "demo", "gns grew",
 ...                                             {"batch_size": 32}, {"batch_size": 64})])
->>> runs = report.load_runs(logdir)
->>> [(r.name, len(r.series["adapt/gns"]), len(r.events)) for r in runs]
+>>> [(r.name, len(r.series["adapt/gns"]), len(r.events)) for r in runs.load_runs(logdir)]
 [('run1', 19, 1)]
 >>> path = report.write_report(logdir, os.path.join(logdir, "report.png"))
 >>> report.png_size(path)
@@ -29,7 +26,6 @@ Example:
 """
 
 import base64
-import dataclasses
 import html
 import io
 import math
@@ -37,10 +33,10 @@ import os
 import struct
 
 from keras_adapt.record import metadata, reader
+from keras_adapt.record.runs import load_runs
 
-__all__ = ["RunData", "build_figure", "format_values", "has_sync_strategy_panel",
-           "has_system_series", "has_timing_series", "load_runs",
-           "plot_runs", "png_size", "tick_label", "write_report"]
+__all__ = ["build_figure", "format_values", "has_sync_strategy_panel", "has_system_series",
+           "has_timing_series", "plot_runs", "png_size", "tick_label", "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
 WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
@@ -50,86 +46,6 @@ SYSTEM_ROW_IN = 3.0
 TIMING_ROW_IN = 3.0
 #: Colours of the lines of one chart that draws one line per worker or host.
 LINE_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
-
-
-@dataclasses.dataclass
-class RunData:
-    """One run's adapt data: ``series`` {tag: [(step, wall_time, value)]}, ``events``.
-
-    Example:
-
-    >>> from keras_adapt.report import RunData
-    >>> RunData("run1", {"adapt/lr": [(0, 0.0, 0.1)]}, []).name
-    'run1'
-    """
-
-    name: str
-    series: dict
-    events: list
-    skipped: int = 0
-
-
-def _provider(logdir):
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-
-    # Keep every point (0): the report downsamples itself, like the tab.
-    mux = plugin_event_multiplexer.EventMultiplexer(
-        tensor_size_guidance={metadata.PLUGIN_NAME: 0, metadata.SCALARS_PLUGIN_NAME: 0})
-    mux.AddRunsFromDirectory(logdir)
-    mux.Reload()
-    return data_provider.MultiplexerDataProvider(mux, logdir)
-
-
-def _jsonl_runs(logdir):
-    """Run name (as TensorBoard names it) -> path of its adapt_events.jsonl."""
-    out = {}
-    for root, _dirs, files in os.walk(logdir):
-        if metadata.EVENTS_FILENAME in files:
-            rel = os.path.relpath(root, logdir)
-            out[rel] = os.path.join(root, metadata.EVENTS_FILENAME)
-    return out
-
-
-def load_runs(logdir, runs=None, max_points=2000):
-    """Reads every run with adapt data under ``logdir`` (sorted by name).
-
-    ``runs`` (names) keeps only those runs. Series are downsampled to at
-    most ``max_points`` points each, keeping the first and last.
-
-    Example:
-
-    >>> import tempfile
-    >>> from keras_adapt import report
-    >>> report.load_runs(tempfile.mkdtemp())
-    []
-    """
-    if not os.path.isdir(logdir):
-        raise FileNotFoundError(
-            f"logdir={logdir!r} is not a directory; pass the folder given to "
-            "AdaptTensorBoard's log_dir or its parent (TensorBoard's --logdir)"
-        )
-    from keras_adapt import events as events_mod
-
-    provider = _provider(logdir)
-    ctx, eid = None, ""  # a local reader: no request context, one experiment
-    listed = {r["run"]: r for r in reader.list_runs(provider, ctx, eid)}
-    jsonl = _jsonl_runs(logdir)
-    out = []
-    for name in sorted(set(listed) | set(jsonl)):
-        if runs is not None and name not in runs:
-            continue
-        series = reader.read_series(provider, ctx, eid, name, max_points=max_points) \
-            if name in listed else {}
-        events, skipped = ([], 0)
-        if listed.get(name, {}).get("events"):
-            events, skipped, newer = reader.read_events(provider, ctx, eid, name)
-            skipped += newer
-        if not events and name in jsonl:
-            events = [reader.annotate(e) for e in events_mod.read_events(jsonl[name])]
-            events.sort(key=lambda e: (e["step"], e["wall_time"]))
-        if series or events:
-            out.append(RunData(name, series, events, skipped))
-    return out
 
 
 def _mpl_text(text):
@@ -237,7 +153,8 @@ def has_system_series(run):
 
     Example:
 
-    >>> from keras_adapt.report import RunData, has_system_series
+    >>> from keras_adapt.record.runs import RunData
+    >>> from keras_adapt.report import has_system_series
     >>> has_system_series(RunData("a", {"adapt/system/host_0/cpu_percent": [(0, 0.0, 5.0)]}, []))
     True
     """
@@ -249,7 +166,8 @@ def has_timing_series(run):
 
     Example:
 
-    >>> from keras_adapt.report import RunData, has_timing_series
+    >>> from keras_adapt.record.runs import RunData
+    >>> from keras_adapt.report import has_timing_series
     >>> has_timing_series(RunData("a", {"adapt/wait_time/rank_0": [(0, 0.0, 0.01)]}, []))
     True
     >>> has_timing_series(RunData("a", {"adapt/step_time/rank_0": [(0, 0.0, 0.01)]}, []))
@@ -267,7 +185,8 @@ def has_sync_strategy_panel(run):
 
     Example:
 
-    >>> from keras_adapt.report import RunData, has_sync_strategy_panel
+    >>> from keras_adapt.record.runs import RunData
+    >>> from keras_adapt.report import has_sync_strategy_panel
     >>> plain = RunData("a", {"adapt/sync_strategy": [(0, 0.0, 0.0), (9, 0.0, 0.0)]}, [])
     >>> local = RunData("b", {"adapt/sync_strategy": [(0, 0.0, 0.0), (9, 0.0, 2.0)]}, [])
     >>> has_sync_strategy_panel(plain), has_sync_strategy_panel(local)
@@ -312,7 +231,8 @@ def build_figure(runs, dpi=DPI):
 
     Example:
 
-    >>> from keras_adapt.report import RunData, build_figure
+    >>> from keras_adapt.record.runs import RunData
+    >>> from keras_adapt.report import build_figure
     >>> fig = build_figure([RunData("a", {"adapt/workers": [(0, 0.0, 2.0), (9, 0.0, 2.0)]}, [])])
     >>> [ax.get_title() for ax in fig.axes][:3]
     ['noise scale and global batch size', 'learning rate', 'workers']
@@ -394,7 +314,8 @@ def plot_runs(runs, path_or_file, dpi=DPI):
     Example:
 
     >>> import io
-    >>> from keras_adapt.report import RunData, plot_runs, png_size
+    >>> from keras_adapt.record.runs import RunData
+    >>> from keras_adapt.report import plot_runs, png_size
     >>> buf = io.BytesIO()
     >>> plot_runs([RunData("a", {"adapt/lr": [(0, 0.0, 0.1), (9, 0.0, 0.2)]}, [])], buf)
     >>> png_size(buf.getvalue())

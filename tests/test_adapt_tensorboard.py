@@ -8,9 +8,8 @@ import pytest
 
 import keras
 import keras_adapt
-from keras_adapt import events
 from keras_adapt.callbacks import AdaptTensorBoard, GradientStatsMonitor
-from keras_adapt.record import metadata, reader
+from keras_adapt.record import events, metadata, reader
 
 import tensorboard_loaders
 from conftest import horovodrun, load_rank_results

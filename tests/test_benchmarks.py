@@ -294,7 +294,7 @@ def test_perf_model_report_on_stored_times(capsys):
     # computation made here from the stored times.
     import numpy as np
 
-    from keras_adapt.perf_model import ThroughputModel
+    from keras_adapt.formulas.throughput import ThroughputModel
 
     bench = _benchmark("perf_model")
     with open(os.path.join(ROOT, "tests", "data", "perf_model_small.json")) as f:

@@ -60,7 +60,7 @@ def _train(log_dir):
     """A short real training run with AdaptTensorBoard and several events per step."""
     import keras
     import keras_adapt
-    from keras_adapt import events
+    from keras_adapt.record import events
     from keras_adapt.callbacks import (AdaptTensorBoard, GradientStatsMonitor, SystemMonitor,
                                        WorkerTimingMonitor)
     from keras_adapt.policies import GNSBatchSizePolicy
@@ -118,7 +118,7 @@ def _train_sync(log_dir):
     """A real run (168 samples, batches of 16: a remainder batch) that switches strategies."""
     import keras
     import keras_adapt
-    from keras_adapt import events
+    from keras_adapt.record import events
     from keras_adapt.callbacks import AdaptTensorBoard
     from keras_adapt.sync import AllReduceSGD, LocalSGD, ModelAveraging
 
@@ -164,7 +164,7 @@ def _train_kinds(log_dir):
     import keras
     import keras_adapt
     import tensorflow as tf
-    from keras_adapt import events
+    from keras_adapt.record import events
     from keras_adapt.callbacks import AdaptTensorBoard
     from keras_adapt.record import metadata, summary
 
@@ -273,7 +273,7 @@ def _get(url):
 
 
 def _jsonl(logdir, run="train"):
-    from keras_adapt import events
+    from keras_adapt.record import events
 
     return sorted(events.read_events(str(logdir / run)), key=lambda e: (e["step"], e["wall_time"]))
 

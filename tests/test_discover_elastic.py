@@ -65,7 +65,7 @@ def test_a_straggler_host_is_excluded_and_the_job_goes_on_without_it(tmp_path):
     file, keras-adapt discover leaves it out, Horovod stops that worker and
     the other one finishes every step, once. A second policy on the same
     measurements, with min_workers=2, refuses and warns."""
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     log = tmp_path / "log"
     done, _, exclude = _elastic_run(

@@ -40,7 +40,7 @@ def _job(tmp_path, rule, actions, commit=COMMIT, worker_args=(), launcher_args=(
     finals = [json.load(open(out / name)) for name in sorted(os.listdir(out))
               if name.startswith("final_")]
     finals.sort(key=lambda r: r["rank"])
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     return done, finals, read_events(str(log))
 
@@ -326,7 +326,7 @@ def test_scale_up_requested_by_a_policy(tmp_path, reference):
     ``keras-adapt discover`` (the job's discovery script) reads, and Horovod
     starts the second worker."""
     from keras_adapt import discover
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()
@@ -1046,7 +1046,7 @@ def test_sigterm_worker_leaves_and_the_other_goes_on_without_rollback(tmp_path, 
 def test_sigint_to_every_worker_stops_them_all_with_the_code(tmp_path):
     """Every worker signalled (here the only one, without horovodrun): all
     commit and exit with 75 at the agreed step, and the event says why."""
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()
@@ -1112,7 +1112,7 @@ def test_sigterm_to_every_worker_writes_the_checkpoint_and_the_same_command_resu
     command again resumes from it at that step and ends with the weights of
     the one-process run over the same global batches."""
     from keras_adapt.callbacks import PreemptionCheckpoint
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     out, log, ckdir = tmp_path / "out", tmp_path / "log", tmp_path / "ck"
     out.mkdir()
@@ -1298,7 +1298,7 @@ def test_periodic_checkpoint_of_two_workers_resumed_by_one_applies_the_resize_ru
     from concurrent.futures import ThreadPoolExecutor
 
     from keras_adapt.callbacks import PreemptionCheckpoint
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     # Updates 0-49: global batch 32 at the rate; from 50: 16 at half the rate.
     pool = ThreadPoolExecutor(1)
@@ -1360,7 +1360,7 @@ def one_then_two(tmp_path_factory, elastic_reference):
     reference weights."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     def chain(rule):
         base = tmp_path_factory.mktemp(f"one_then_two_{rule}")

@@ -31,7 +31,7 @@ def test_scale_down_by_discovery_on_emulated_hosts(tmp_path, emulated_hosts, ela
     steps until the driver announces the removal, however slow the machine):
     the other host's worker leaves, rank 0 goes on alone with the whole
     global batch from the next commit."""
-    from keras_adapt.events import read_events
+    from keras_adapt.record.events import read_events
 
     out, log = tmp_path / "out", tmp_path / "log"
     out.mkdir()

@@ -111,8 +111,9 @@ def test_sync_strategies_example_switches_to_post_local_sgd_after_the_decay(tmp_
     # and the run gets the sync strategy panel.
     from keras_adapt import report
     from keras_adapt.record import metadata
+    from keras_adapt.record.runs import load_runs
 
-    (run,) = report.load_runs(str(tmp_path))
+    (run,) = load_runs(str(tmp_path))
     points = dict((s, v) for s, _, v in run.series[metadata.SCALAR_TAGS["sync_strategy"]])
     switches = {e["step"]: e["after"]["sync_strategy"] for e in events
                 if e["kind"] == "sync_strategy"}

@@ -10,7 +10,7 @@ import pytest
 
 import keras
 import keras_adapt
-from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.policies import GNSBatchSizePolicy, UpdateTimer, goodput_gain
 
 # Step time of one update at global batch m on one worker through

@@ -12,7 +12,7 @@ import pytest
 import keras
 import keras_adapt
 from keras_adapt.data import AdaptiveBatchDataset
-from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.policies import (GoodputBatchSizePolicy, default_min_efficiency,
                                   examples_efficiency, goodput_gain, statistical_efficiency,
                                   step_time_ratio)

@@ -39,7 +39,7 @@ def test_packages_import_from_the_installed_wheel():
     # subpackages included
     files = {str(f) for f in dist.files}
     for path in ("keras_adapt/optimizer/_step.py", "keras_adapt/sync/sync_state.py",
-                 "keras_adapt/monitors/system.py", "keras_adapt/perf_model.py",
+                 "keras_adapt/monitors/system.py", "keras_adapt/formulas/throughput.py",
                  "keras_adapt/monitors/worker_timing.py", "keras_adapt/policies/straggler.py",
                  "keras_adapt/plan.py"):
         assert path in files, path

@@ -1,10 +1,12 @@
-"""The direction of imports: the library never imports its viewer, and no
-package reaches into another's private modules.
+"""The direction of imports: the library never imports its viewer, no
+package reaches into another's private modules, and the offline parts
+never import the frameworks.
 
 keras-adapt owns the schema of what it records (``keras_adapt.record``); the
-TensorBoard plugin imports it. Checked in fresh interpreters, so nothing an
-earlier test imported can hide an import. The source rules are read from
-the code with ``ast``.
+TensorBoard plugin imports it. The pure math (``keras_adapt.formulas``), the
+planner and the report need neither TensorFlow, Keras nor Horovod. Checked in
+fresh interpreters, so nothing an earlier test imported can hide an import.
+The source rules are read from the code with ``ast``.
 """
 
 import ast
@@ -101,3 +103,34 @@ def test_elastic_and_callbacks_do_not_import_each_other_both_ways():
     between = {(a.split(".")[1], b.split(".")[1]) for a, b in _imports()
                if len(a.split(".")) > 1 and len(b.split(".")) > 1}
     assert ("callbacks", "elastic") not in between
+
+
+FRAMEWORKS = ("tensorflow", "keras", "horovod")
+
+
+def test_the_offline_commands_import_no_framework():
+    # keras-adapt plan and report read logs: importing them, and their command
+    # line up to reading, loads neither TensorFlow, Keras nor Horovod
+    out = _run("""
+        import contextlib, io, sys
+        import keras_adapt.plan, keras_adapt.report
+        from keras_adapt import cli
+        for command in ("plan", "report"):
+            with contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    cli.main([command, "--help"])
+                except SystemExit as stop:
+                    assert stop.code == 0, (command, stop.code)
+        print(sorted(m for m in sys.modules if m.split(".")[0] in %r))
+    """ % (FRAMEWORKS,))
+    assert out.strip() == "[]"
+
+
+def test_the_formulas_import_no_framework_and_no_other_part_of_the_library():
+    out = _run("""
+        import sys
+        import keras_adapt.formulas
+        print(sorted(m for m in sys.modules if m.split(".")[0] in %r
+                     or m.startswith("keras_adapt.") and not m.startswith("keras_adapt.formulas")))
+    """ % (FRAMEWORKS,))
+    assert out.strip() == "['keras_adapt.version']"

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_adapt.perf_model import TERMS, ThroughputModel, design_row
+from keras_adapt.formulas.throughput import TERMS, ThroughputModel, design_row
 
 TRUE = dict(per_sample=40e-6, per_micro_step=2e-3, per_update=3e-3, sync_bandwidth=8e-3,
             sync_latency=0.5e-3, interference_per_micro_step=1e-3, interference_per_sample=8e-6)
@@ -417,7 +417,7 @@ def test_numpy_integers_and_floats_are_accepted():
 
 
 def test_imports_without_tensorflow():
-    code = ("import sys; from keras_adapt.perf_model import ThroughputModel; "
+    code = ("import sys; from keras_adapt.formulas.throughput import ThroughputModel; "
             "m = ThroughputModel(); m.observe(8, 0.1); m.fit(); "
             "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -44,7 +44,7 @@ def write_run(run_dir, segments, writes=5, phi=PHI, local_sgd=()):
     (``adapt/sync_strategy`` 2) and its updates were 3x faster: not S-SGD."""
     import tensorflow as tf
 
-    from keras_adapt import events
+    from keras_adapt.record import events
     from keras_adapt.record import summary
 
     step, previous, wrote = 0, None, []
@@ -97,9 +97,10 @@ def synthetic(tmp_path_factory):
 
 
 def test_observations_recover_the_configurations_and_drop_mixed_intervals(synthetic):
-    from keras_adapt import plan, report
+    from keras_adapt import plan
+    from keras_adapt.record.runs import load_runs
 
-    (run,) = report.load_runs(synthetic, max_points=None)
+    (run,) = load_runs(synthetic, max_points=None)
     obs = plan.run_observations(run)
     assert obs.configurations() == sorted(SEGMENTS)
     # Every change (10 of them) leaves one mixed interval: 7 batch_size events
@@ -149,14 +150,15 @@ def test_plan_times_and_costs_equal_the_analytic_values(synthetic):
 
 
 def test_intervals_under_another_sync_strategy_are_left_out(tmp_path):
-    from keras_adapt import plan, report
+    from keras_adapt import plan
+    from keras_adapt.record.runs import load_runs
 
     # Segment 2 ran local SGD, 3x faster. A strategy point governs the updates
     # after it: the interval straddling the change into the segment is mixed
     # (S-SGD before the change), its 5 others and the one straddling the
     # change back ran local SGD; the plan stays exact.
     write_run(str(tmp_path / "r"), SEGMENTS, local_sgd=(2,))
-    (run,) = report.load_runs(str(tmp_path), max_points=None)
+    (run,) = load_runs(str(tmp_path), max_points=None)
     obs = plan.run_observations(run)
     assert obs.other_sync == 5 + 1 and obs.mixed == len(SEGMENTS) - 1 - 1
     assert (32, 1, 2) not in obs.configurations()
@@ -239,13 +241,14 @@ def test_single_worker_run_cannot_predict_more_workers(tmp_path):
 
 @pytest.mark.primary_only  # reads logs; the monitors that write them run in the legacy suite
 def test_a_real_two_worker_run_gives_a_plan(tmp_path):
-    from keras_adapt import plan, report
+    from keras_adapt import plan
+    from keras_adapt.record.runs import load_runs
 
     log_dir, out = tmp_path / "logs" / "run", tmp_path / "out"
     out.mkdir()
     horovodrun("plan_worker.py", ["--out", out, "--log_dir", log_dir], np=2, timeout=300)
     ran = sorted({tuple(c) for c in load_rank_results(str(out), 2)[0]["configurations"]})
-    (run,) = report.load_runs(str(tmp_path / "logs"), max_points=None)
+    (run,) = load_runs(str(tmp_path / "logs"), max_points=None)
     obs = plan.run_observations(run)
     # The configurations the plan reads back are the ones the workers ran.
     assert obs.configurations() == ran and obs.unknown == 0 and obs.notes == []

@@ -9,7 +9,6 @@ import pytest
 
 import keras
 import keras_adapt
-from keras_adapt import events
 from keras_adapt.policies import (
     AdaptationPolicy,
     GNSBatchSizePolicy,
@@ -17,6 +16,7 @@ from keras_adapt.policies import (
     LRScalingPolicy,
     ScheduledBatchSizePolicy,
 )
+from keras_adapt.record import events
 
 
 def _model(lr=0.1):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import controllers, horovodrun, load_rank_results
-from keras_adapt import events
+from keras_adapt.record import events
 
 PHASES = ("rebatch", "accumulate", "goodput", "goodput_fine", "epochs")
 

@@ -16,9 +16,9 @@ import pytest
 import keras
 import keras_adapt
 from conftest import BIN, HOROVODRUN, JOB_MARK, WORKERS, _env, controllers, kill_job
-from keras_adapt import events
 from keras_adapt.callbacks import PreemptionCheckpoint
 from keras_adapt.coordination import EXIT_CODE
+from keras_adapt.record import events
 
 
 # -- single process -----------------------------------------------------------

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from keras_adapt import cli, report
 from keras_adapt.record import metadata, summary
+from keras_adapt.record.runs import RunData, load_runs
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 
@@ -57,7 +58,7 @@ def logdir(tmp_path_factory):
 def test_png_has_the_expected_size(logdir, tmp_path):
     out = str(tmp_path / "report.png")
     assert cli.main(["report", logdir, "-o", out]) == 0
-    runs = report.load_runs(logdir)
+    runs = load_runs(logdir)
     assert [r.name for r in runs] == sorted(["baseline", HOSTILE, "jsonl_only"])
     width, height = report.png_size(out)
     assert (width, height) == (int(report.WIDTH_IN * report.DPI),
@@ -66,7 +67,7 @@ def test_png_has_the_expected_size(logdir, tmp_path):
 
 
 def test_events_of_one_step_all_reach_the_report(logdir):
-    (run,) = report.load_runs(logdir, runs=[HOSTILE])
+    (run,) = load_runs(logdir, runs=[HOSTILE])
     assert [(e["step"], e["kind"]) for e in run.events] == [
         (5, "batch_size"), (5, "lr"), (15, metadata.EVENT_KINDS[2])]
 
@@ -91,7 +92,7 @@ def test_integer_series_get_integer_ticks(workers, batch):
         metadata.SCALAR_TAGS["gns"]: [(s, 0.0, 40.0 + 1.5 * s) for s in steps],
         metadata.SCALAR_TAGS["lr"]: [(s, 0.0, 0.019999999552965164) for s in steps],
     }
-    fig = report.build_figure([report.RunData("r", series, [])])
+    fig = report.build_figure([RunData("r", series, [])])
     fig.canvas.draw()
     axes = {ax.get_title(): ax for ax in fig.axes}
     labels = _tick_labels(axes["workers"])
@@ -159,7 +160,7 @@ def test_a_run_with_host_metrics_gets_a_system_row_with_one_line_per_host_and_me
         for i, metric in enumerate(("cpu_percent", "memory_percent", "net_in_mb_s", "net_out_mb_s")):
             series[metadata.system_tag(host, metric)] = [
                 (s, 0.0, float(10 * host + i + s / 10)) for s in range(0, 30, 10)]
-    run = report.RunData("sys", series, [])
+    run = RunData("sys", series, [])
     assert report.has_system_series(run)
     fig = report.build_figure([run])
     axes = {ax.get_title(): ax for ax in fig.axes}
@@ -176,7 +177,7 @@ def test_a_run_with_host_metrics_gets_a_system_row_with_one_line_per_host_and_me
             truth = series[metadata.system_tag(host, metric)]
             assert list(lines[label].get_ydata()) == [v for _, _, v in truth], label
     out = str(tmp_path / "sys.png")
-    report.plot_runs([run, report.RunData("plain", {metadata.SCALAR_TAGS["gns"]: series[
+    report.plot_runs([run, RunData("plain", {metadata.SCALAR_TAGS["gns"]: series[
         metadata.SCALAR_TAGS["gns"]]}, [])], out)
     assert report.png_size(out) == (int(report.WIDTH_IN * report.DPI), int(
         (2 * report.RUN_HEIGHT_IN + report.SYSTEM_ROW_IN) * report.DPI))
@@ -213,7 +214,7 @@ def test_sync_strategy_panel_draws_the_series_with_the_strategy_names(tmp_path):
     points = _write_sync_run(str(tmp_path / "sync"), {12: "local_sgd", 30: "elastic_averaging",
                                                       44: "allreduce_sgd"}, steps, switch_events)
     _write_sync_run(str(tmp_path / "plain"), {}, steps, [])
-    runs = {r.name: r for r in report.load_runs(str(tmp_path))}
+    runs = {r.name: r for r in load_runs(str(tmp_path))}
     assert report.has_sync_strategy_panel(runs["sync"])
     assert not report.has_sync_strategy_panel(runs["plain"])
 
@@ -258,10 +259,10 @@ def test_sync_strategy_panel_rule():
     plain = {T["sync_strategy"]: [(s, 0.0, 0.0) for s in range(5)]}
     event = metadata.make_event("sync_strategy", 2, 0, "P", "r", {"sync_strategy": "allreduce_sgd"},
                                 {"sync_strategy": "allreduce_sgd"})
-    assert report.has_sync_strategy_panel(report.RunData("e", plain, [event]))
-    assert not report.has_sync_strategy_panel(report.RunData("p", plain, []))
-    assert not report.has_sync_strategy_panel(report.RunData("n", {}, [event]))
-    fig = report.build_figure([report.RunData("e", plain, [event])])
+    assert report.has_sync_strategy_panel(RunData("e", plain, [event]))
+    assert not report.has_sync_strategy_panel(RunData("p", plain, []))
+    assert not report.has_sync_strategy_panel(RunData("n", {}, [event]))
+    fig = report.build_figure([RunData("e", plain, [event])])
     fig.canvas.draw()
     (ax,) = [ax for ax in fig.axes if ax.get_title() == "sync strategy"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["allreduce_sgd"]

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import controllers, horovodrun, load_rank_results
-from keras_adapt import discover, events
+from keras_adapt import discover
+from keras_adapt.record import events
 
 
 @pytest.fixture(scope="module", params=controllers())

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import keras_adapt
-from keras_adapt import discover, events
+from keras_adapt import discover
 from keras_adapt.actuators import GradientAccumulation, WorkerTarget
 from keras_adapt.callbacks import WorkerTimingMonitor
-from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.policies import GNSWorkerScalingPolicy, ResizePolicy, ThroughputScalingPolicy
 from keras_adapt.policies.worker_scaling import step_pays
+from keras_adapt.record import events
 
 
 def _model(lr=0.05, stats=False):

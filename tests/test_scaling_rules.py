@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from keras_adapt.policies import AdaScale, LinearScaling, NoScaling, ScalingRule, SqrtScaling
-from keras_adapt.policies import scaling_rules
+from keras_adapt.formulas import scaling_rules
+from keras_adapt.formulas.scaling_rules import (AdaScale, LinearScaling, NoScaling, ScalingRule,
+                                                SqrtScaling)
 
 
 @pytest.mark.parametrize("scale", [0.5, 1.0, 3.0, 16.0])

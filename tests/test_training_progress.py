@@ -16,8 +16,8 @@ import keras
 import keras_adapt
 from keras_adapt.callbacks import PreemptionCheckpoint
 from keras_adapt.data import AdaptiveBatchDataset
+from keras_adapt.formulas.scaling_rules import AdaScale, adascale_gain
 from keras_adapt.policies import GNSBatchSizePolicy, TrainingProgress, statistical_efficiency
-from keras_adapt.policies.scaling_rules import AdaScale, adascale_gain
 from test_policies import _script_gns
 
 

@@ -13,6 +13,7 @@ from keras_adapt.callbacks import WorkerTimingMonitor
 from keras_adapt.monitors.worker_timing import SLOW_RANK_ENV, CollectiveTiming, slow_rank
 from keras_adapt import report
 from keras_adapt.record import metadata, reader
+from keras_adapt.record.runs import load_runs
 
 import tensorboard_loaders
 from conftest import controllers, horovodrun, load_rank_results
@@ -125,7 +126,7 @@ def _check_series(log_dir, measured):
     assert series[metadata.SCALAR_TAGS["comm_fraction"]][STEPS] == pytest.approx(
         last["result"]["comm_fraction"], rel=1e-6)
     # keras-adapt report draws those series in the run's worker-timing row.
-    runs = report.load_runs(str(log_dir.parent), runs=[log_dir.name])
+    runs = load_runs(str(log_dir.parent), runs=[log_dir.name])
     assert report.has_timing_series(runs[0])
     fig = report.build_figure(runs)
     assert fig.get_size_inches()[1] == report.RUN_HEIGHT_IN + report.TIMING_ROW_IN

@@ -8,9 +8,9 @@ import numpy as np
 import tensorflow as tf
 
 import keras
-from keras_adapt import _hvd, events
+from keras_adapt import _hvd
 from keras_adapt.optimizer import is_distributed
-from keras_adapt.record import metadata, summary
+from keras_adapt.record import events, metadata, summary
 
 #: Logs keys copied from the logs when present (docs/design.md#logs-keys).
 SERIES_KEYS = tuple(metadata.SCALAR_TAGS)
@@ -108,7 +108,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       ``wait_time`` in the logs) and this callback gathers nothing itself.
     - ``adapt/system/host_<h>/<metric>``: every ``system/...`` value in the
       logs (``SystemMonitor``'s host metrics; put that callback first).
-    - every adaptation event (``keras_adapt.events.emit``) while training
+    - every adaptation event (``keras_adapt.record.events.emit``) while training
       runs, under ``adapt/events``: all events of one step in one datum,
       written again with all of them when more arrive for that step (e.g.
       from a callback that runs after this one), so TensorBoard keeps

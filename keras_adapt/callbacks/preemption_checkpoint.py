@@ -9,11 +9,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_adapt import _hvd, events
+from keras_adapt import _hvd
 from keras_adapt.checkpointing import CheckpointFiles, epoch_ender
 from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.optimizer import UpdateBoundary, require_distributed
+from keras_adapt.record import events
 
 # The signals that request a checkpoint and a stop: SIGNALS (SIGTERM, SIGINT);
 # the exit code after the checkpoint: EXIT_CODE (75, EX_TEMPFAIL).

@@ -42,10 +42,11 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
         "keras_adapt.elastic needs Horovod (horovod==0.28.1 with Gloo); see docs/install.md"
     ) from exc
 
-from keras_adapt import _hvd, events
+from keras_adapt import _hvd
 from keras_adapt import optimizer as _optimizer
 from keras_adapt.coordination import broadcast_variables
 from keras_adapt.elastic.resize_rule import ResizeRule
+from keras_adapt.record import events
 
 
 def _signature(variables):

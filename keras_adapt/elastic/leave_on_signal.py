@@ -14,10 +14,12 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
         "keras_adapt.elastic needs Horovod (horovod==0.28.1 with Gloo); see docs/install.md"
     ) from exc
 
-from keras_adapt import _hvd, events
+from keras_adapt import _hvd
 from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.elastic import disk_checkpoint
+from keras_adapt.record import events
 from keras_adapt.optimizer import UpdateBoundary
+from keras_adapt.record import events
 
 
 class LeaveOnSignalCallback(keras.callbacks.Callback):

@@ -1,7 +1,7 @@
 """``ResizeRule``: what changes with the number of workers of an elastic job."""
 
 from keras_adapt import optimizer as _optimizer
-from keras_adapt.policies import scaling_rules
+from keras_adapt.formulas import scaling_rules
 
 MODES = ("keep", "scale", "none")
 
@@ -22,7 +22,7 @@ class ResizeRule:
     * ``"scale"``: each worker keeps ``batch_size`` samples per step, so the
       global batch is ``N x batch_size``, and the learning rate is multiplied
       by ``scaling.factor(N / base_workers)`` (a rule of
-      :mod:`keras_adapt.policies.scaling_rules`: ``"linear"``, ``"sqrt"``,
+      :mod:`keras_adapt.formulas.scaling_rules`: ``"linear"``, ``"sqrt"``,
       ``"adascale"`` ...) through keras-adapt's learning-rate factor, so the
       learning rate you configured is the one for ``base_workers`` workers.
     * ``"none"``: nothing changes.

@@ -3,7 +3,7 @@
 import math
 
 from keras_adapt.actuators import LearningRateScale
-from keras_adapt.policies import scaling_rules
+from keras_adapt.formulas import scaling_rules
 
 
 class LRFollower:

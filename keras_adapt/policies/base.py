@@ -6,8 +6,9 @@ import os
 
 import keras
 
-from keras_adapt import _hvd, _train_step, events
+from keras_adapt import _hvd, _train_step
 from keras_adapt.optimizer import UpdateBoundary, require_distributed
+from keras_adapt.record import events
 
 _STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates", "covered_updates")
 

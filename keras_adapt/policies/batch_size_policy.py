@@ -3,7 +3,7 @@
 import warnings
 
 from keras_adapt.actuators import GlobalBatchSize
-from keras_adapt.policies import scaling_rules
+from keras_adapt.formulas import scaling_rules
 from keras_adapt.policies._lr_follower import LRFollower
 from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
 from keras_adapt.policies.progress import COUNTS, TrainingProgress
@@ -120,7 +120,7 @@ class BatchSizePolicy(AdaptationPolicy):
 
     @property
     def throughput_model(self):
-        """The :class:`~keras_adapt.perf_model.ThroughputModel` this policy
+        """The :class:`~keras_adapt.formulas.throughput.ThroughputModel` this policy
         feeds (None when it does not price step times).
 
         Example:

@@ -2,9 +2,9 @@
 
 import math
 
+from keras_adapt.formulas.goodput import goodput_gain
 from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
-from keras_adapt.policies.goodput_batch_size import goodput_gain
 from keras_adapt.policies.update_timer import UpdateTimer
 
 #: Batches :meth:`GNSBatchSizePolicy.fastest_batch` prices between the
@@ -41,7 +41,7 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     trains fastest may be below the target: the noise scale says how many
     updates a larger batch saves, the step time what each one costs. The
     policy times its updates and fits a
-    :class:`~keras_adapt.perf_model.ThroughputModel` (as
+    :class:`~keras_adapt.formulas.throughput.ThroughputModel` (as
     :class:`GoodputBatchSizePolicy` does, through an :class:`UpdateTimer`),
     and grows only as far as :meth:`fastest_batch`: of the batches from the
     current one up to the target, the one with the most goodput
@@ -108,7 +108,7 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             (:meth:`fastest_batch`; True or False, default False).
         confidence: how many standard errors of the step-time ratio count
             as no difference (>= 0; 2: about 95%).
-        throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel`
+        throughput_model: the :class:`~keras_adapt.formulas.throughput.ThroughputModel`
             to feed (default: :class:`UpdateTimer`'s); only with
             ``price_step_times``.
         **kwargs: see :class:`BatchSizePolicy` (``dataset``,

@@ -3,91 +3,10 @@
 import dataclasses
 import math
 
+from keras_adapt.formulas.goodput import default_min_efficiency, examples_efficiency, goodput_gain
 from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 from keras_adapt.policies.update_timer import UpdateTimer
-
-
-def statistical_efficiency(batch, base_batch, gns):
-    """Pollux's statistical efficiency E(M) = (phi + M0) / (phi + M), phi = B_simple.
-
-    The progress one sample makes at batch M relative to the base batch M0:
-    1 at M0, falling toward M0 / M once M is far beyond the noise scale.
-
-    Example:
-
-    >>> from keras_adapt.policies.goodput_batch_size import statistical_efficiency
-    >>> statistical_efficiency(96, 32, 32.0)
-    0.5
-    """
-    return (gns + base_batch) / (gns + batch)
-
-
-def examples_efficiency(batch, gns):
-    """What a sample at batch M is worth against one at a vanishing batch:
-    ``phi / (phi + M)``, phi = B_simple.
-
-    McCandlish et al. (2018): training to a given loss at batch M takes
-    ``E_min (1 + M / phi)`` samples, so each is worth ``E_min / E`` of the
-    least: 1/2 at the critical batch M = phi, 1/3 at 2 phi. Unlike
-    :func:`statistical_efficiency` it does not depend on a base batch, so a
-    floor on it bounds the batch by a multiple of the noise scale alone:
-    ``examples_efficiency >= e`` means ``M <= phi (1 - e) / e``. The floor
-    of :class:`GoodputBatchSizePolicy` is on it.
-
-    Example:
-
-    >>> from keras_adapt.policies import examples_efficiency
-    >>> examples_efficiency(64, 32.0)   # twice the noise scale: a third
-    0.3333333333333333
-    """
-    return gns / (gns + batch)
-
-
-def goodput_gain(batch, current, gns, time_ratio=1.0):
-    """Goodput at global batch ``batch`` over goodput at ``current``.
-
-    ``(M E(M)) / (C E(C)) x T(C) / T(M)`` with Pollux's
-    :func:`statistical_efficiency` E at noise scale ``gns`` (the base batch
-    cancels) and ``time_ratio`` = T(C) / T(M), the step times' ratio
-    (:meth:`UpdateTimer.time_ratio`; 1: flat). Above 1: ``batch`` makes more
-    statistical progress per second. The one rule by which both batch-size
-    policies price a move.
-
-    Example:
-
-    >>> from keras_adapt.policies import goodput_gain
-    >>> goodput_gain(64, 32, 32.0)          # 64 x 64 / (32 x 96), flat step times
-    1.3333333333333333
-    >>> goodput_gain(64, 32, 32.0, 0.5)     # ... but an update at 64 takes twice as long
-    0.6666666666666666
-    """
-    return batch * (gns + current) / (current * (gns + batch)) * time_ratio
-
-
-def default_min_efficiency(epoch_end):
-    """The efficiency floor :class:`GoodputBatchSizePolicy` uses by default.
-
-    The floor is on :func:`examples_efficiency`, phi / (phi + M), so it
-    bounds the batch by a multiple of the noise scale: ``M <= phi (1 - e) /
-    e``. What a sample at low efficiency costs depends on what ends the
-    epochs (``epoch_end`` of :class:`BatchSizePolicy`). On progress
-    (``"progress"``) a less efficient batch trains on more samples for the
-    same progress: it costs time, which goodput already prices, so the floor
-    only bounds how far beyond the noise scale the batch may go: 1/3, M <= 2
-    phi, where :class:`GNSBatchSizePolicy` aims. On samples (``"samples"``,
-    or ``None``: ``fit``'s own epochs) the samples are fixed and a less
-    efficient batch ends with less progress, so lower accuracy: 2/3, M <=
-    phi / 2 (measured: docs/policies.md, "The floor against the noise scale
-    alone").
-
-    Example:
-
-    >>> from keras_adapt.policies import default_min_efficiency
-    >>> default_min_efficiency("progress"), default_min_efficiency(None)
-    (0.3333333333333333, 0.6666666666666666)
-    """
-    return 1.0 / 3.0 if epoch_end == "progress" else 2.0 / 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +47,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     does not depend on ``min_batch``. The candidates (:meth:`candidates`)
     are ``min_batch x 2^(i / candidates_per_doubling)`` up to ``max_batch``:
     powers of two by default. Every ``interval`` updates the policy feeds a
-    :class:`keras_adapt.perf_model.ThroughputModel` the mean time per
+    :class:`keras_adapt.formulas.throughput.ThroughputModel` the mean time per
     update since the last time (agreed over the workers in one small
     collective, so every rank fits the same model), and at most every
     ``min_change_interval`` updates, once the statistics cover
@@ -198,7 +117,7 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         min_change_interval: updates between changes.
         warmup_updates: optimizer updates the statistics must cover before
             the first decision (independent of ``stats_interval``).
-        throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel`
+        throughput_model: the :class:`~keras_adapt.formulas.throughput.ThroughputModel`
             to feed and predict with (default: :class:`UpdateTimer`'s, a new
             ``ThroughputModel(warmup=1, statistic="median", repeats=True,
             min_relative_error=0.1)``: the first interval after a change

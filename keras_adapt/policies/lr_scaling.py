@@ -1,10 +1,10 @@
 """LRScalingPolicy: keeps the learning rate consistent with the global batch."""
 
-from keras_adapt import events
 from keras_adapt.actuators import GlobalBatchSize
-from keras_adapt.policies import scaling_rules
+from keras_adapt.formulas import scaling_rules
 from keras_adapt.policies._lr_follower import LRFollower
 from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
+from keras_adapt.record import events
 
 
 class LRScalingPolicy(AdaptationPolicy):

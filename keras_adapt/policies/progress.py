@@ -2,7 +2,7 @@
 
 import math
 
-from keras_adapt.policies.scaling_rules import adascale_gain
+from keras_adapt.formulas.scaling_rules import adascale_gain
 
 #: What an epoch of :class:`TrainingProgress` can count.
 COUNTS = ("samples", "progress")
@@ -14,7 +14,7 @@ class TrainingProgress:
     Every optimizer update at global batch B adds B to :attr:`samples` and
     ``B0 x r`` to :attr:`progress`, where B0 is the batch the run started
     from (``base_batch``) and r is AdaScale's gain for the scale B / B0
-    (:func:`keras_adapt.policies.scaling_rules.adascale_gain`) from the
+    (:func:`keras_adapt.formulas.scaling_rules.adascale_gain`) from the
     latest gradient statistics. ``B0 x r`` equals ``B x E(B)`` with Pollux's
     statistical efficiency E(B) = (phi + B0) / (phi + B): progress counts
     samples at the value they have at the start batch, so at B0 it equals

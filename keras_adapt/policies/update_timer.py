@@ -1,10 +1,10 @@
 """UpdateTimer: times a policy's optimizer updates and feeds a ThroughputModel."""
 
-import math
 import time
 
 from keras_adapt import _hvd
-from keras_adapt.perf_model import ThroughputModel
+from keras_adapt.formulas.goodput import step_time_ratio
+from keras_adapt.formulas.throughput import ThroughputModel
 
 #: The least relative standard error the policies' throughput model gives
 #: one visit's step time (``min_relative_error``). A policy times a batch on
@@ -22,37 +22,6 @@ from keras_adapt.perf_model import ThroughputModel
 VISIT_ERROR = 0.1
 
 
-def step_time_ratio(now, then, confidence=2.0):
-    """``T(now) / T(then)`` as the batch-size policies price it, from two predictions.
-
-    The logarithm of the predicted ratio, drawn toward 0 (flat step times)
-    by ``confidence`` times the two predictions' relative standard errors
-    added, and 0 when it is within that margin: a difference the
-    measurements cannot resolve counts as none, and one they can counts
-    only beyond its uncertainty. ``now`` and ``then`` are
-    :class:`keras_adapt.perf_model.Prediction` objects. The errors are
-    added, a bound on the log ratio's error whatever the two predictions'
-    correlation; its own, smaller error from the fit's covariance made the
-    batch-size decisions slower and less stable between runs, measured
-    (docs/policies.md, "A finer price of step times, measured").
-
-    Example:
-
-    >>> from keras_adapt.perf_model import Prediction
-    >>> from keras_adapt.policies import step_time_ratio
-    >>> step_time_ratio(Prediction(0.010, 0.0, True), Prediction(0.020, 0.0, True))  # exact
-    0.5
-    >>> # 10% errors each: 2 x (0.1 + 0.1) off |log 0.5|
-    >>> round(step_time_ratio(Prediction(0.010, 0.001, True), Prediction(0.020, 0.002, True)), 4)
-    0.7459
-    >>> step_time_ratio(Prediction(0.010, 0.002, True), Prediction(0.012, 0.002, True))  # within
-    1.0
-    """
-    log_ratio = math.log(now.value / then.value)
-    margin = confidence * (now.relative_std + then.relative_std)
-    return math.exp(math.copysign(max(0.0, abs(log_ratio) - margin), log_ratio))
-
-
 class UpdateTimer:
     """Measures the seconds per optimizer update and feeds them to a throughput model.
 
@@ -66,7 +35,7 @@ class UpdateTimer:
     in one small collective, so every rank fits the same model.
 
     Args:
-        throughput_model: the :class:`~keras_adapt.perf_model.ThroughputModel` to feed
+        throughput_model: the :class:`~keras_adapt.formulas.throughput.ThroughputModel` to feed
             (default: a new ``ThroughputModel(warmup=1, statistic="median",
             repeats=True, min_relative_error=VISIT_ERROR)``: the first
             interval after a change pays for new shapes; the median ignores
@@ -92,8 +61,8 @@ class UpdateTimer:
                                                min_relative_error=VISIT_ERROR)
         elif not isinstance(throughput_model, ThroughputModel):
             raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
-                            "keras_adapt.perf_model.ThroughputModel or None")
-        #: The :class:`~keras_adapt.perf_model.ThroughputModel` fed by :meth:`observe`.
+                            "keras_adapt.formulas.throughput.ThroughputModel or None")
+        #: The :class:`~keras_adapt.formulas.throughput.ThroughputModel` fed by :meth:`observe`.
         self.model = throughput_model
         self._t_begin = None  # perf_counter at the current step's begin
         self._t_sum = 0.0  # step time since the last update

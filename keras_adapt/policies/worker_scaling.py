@@ -178,7 +178,7 @@ class ThroughputScalingPolicy(ResizePolicy):
       ask for N - 1 (remove a worker);
     * otherwise, below ``max_workers``: if T(N + 1) was measured, ask for
       N + 1 when that step pays; if not, and a ``throughput_model``
-      (:class:`keras_adapt.perf_model.ThroughputModel`) predicts T(N + 1)
+      (:class:`keras_adapt.formulas.throughput.ThroughputModel`) predicts T(N + 1)
       from a determined fit, ask when the predicted step pays; without a
       prediction, ask for N + 1 to measure it.
 
@@ -247,7 +247,7 @@ class ThroughputScalingPolicy(ResizePolicy):
         if throughput_model is not None and not callable(
                 getattr(throughput_model, "predict_throughput", None)):
             raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
-                            "keras_adapt.perf_model.ThroughputModel or None")
+                            "keras_adapt.formulas.throughput.ThroughputModel or None")
         self.throughput_model = throughput_model
         #: ``{workers: [samples/s, ...]}``: the kept measurements per worker count.
         self.throughput = {}

@@ -1,8 +1,8 @@
 """The "adapt" schema: plugin names, tags, data classes, versions and the event record.
 
 Both sides import this module: the writers (``summary.py`` and
-``keras_adapt.events``) and the reader (``reader.py``). Changing a name here
-changes it everywhere. No TensorFlow import: TensorBoard loads the plugin
+``events.py``) and the readers (``reader.py``, ``runs.py``). Changing a name
+here changes it everywhere. No TensorFlow import: TensorBoard loads the plugin
 (and this module) in its own process.
 
 Event record (one JSON object per line in ``<logdir>/adapt_events.jsonl``,

@@ -114,7 +114,7 @@ def _check_record(record):
     if not isinstance(record, dict) or not all(f in record for f in metadata.EVENT_FIELDS):
         raise ValueError(
             f"record={record!r} is not an adaptation event; build it with "
-            "keras_adapt.events.emit(...) or metadata.make_event(...)"
+            "keras_adapt.record.events.emit(...) or metadata.make_event(...)"
         )
     return metadata.event_to_json(record)
 
@@ -123,7 +123,7 @@ def events(records, step=None):
     """Writes the adaptation events of ONE step as one datum under :data:`metadata.EVENTS_TAG`.
 
     ``records`` are dicts with the fields of :data:`metadata.EVENT_FIELDS`
-    (as returned by ``keras_adapt.events.emit`` or ``metadata.make_event``),
+    (as returned by ``keras_adapt.record.events.emit`` or ``metadata.make_event``),
     stored as a 1-D string tensor of JSON records (data class TENSOR).
     ``step`` defaults to the records' own step, which they must then share.
 

@@ -19,13 +19,13 @@ import numpy as np
 
 import keras
 import keras_adapt
-from keras_adapt import events
 from keras_adapt.callbacks import (
     AdaptTensorBoard,
     BroadcastGlobalVariablesCallback,
     GradientStatsMonitor,
     SystemMonitor,
 )
+from keras_adapt.record import events
 from keras_adapt.sync import AllReduceSGD, LocalSGD
 
 #: Before the update that takes the step count from s to s + 1.

@@ -11,7 +11,7 @@ record to TensorBoard).
 Example:
 
 >>> import tempfile
->>> from keras_adapt import events
+>>> from keras_adapt.record import events
 >>> d = tempfile.mkdtemp()
 >>> seen = []
 >>> events.add_listener(seen.append)
@@ -42,7 +42,7 @@ def add_listener(listener):
 
     Example:
 
-    >>> from keras_adapt import events
+    >>> from keras_adapt.record import events
     >>> events.add_listener(print); events.remove_listener(print)
     """
     if not callable(listener):
@@ -56,7 +56,7 @@ def remove_listener(listener):
 
     Example:
 
-    >>> from keras_adapt import events
+    >>> from keras_adapt.record import events
     >>> events.remove_listener(print)
     """
     with _lock:
@@ -69,7 +69,7 @@ def events_path(log_dir):
 
     Example:
 
-    >>> from keras_adapt import events
+    >>> from keras_adapt.record import events
     >>> events.events_path("runs/a")
     'runs/a/adapt_events.jsonl'
     """
@@ -95,7 +95,7 @@ def emit(kind, step, epoch, policy, reason, before, after, log_dir=None, rank=No
 
     Example:
 
-    >>> from keras_adapt import events
+    >>> from keras_adapt.record import events
     >>> events.emit("resume", 5, 0, "demo", "state restored", {}, {"last_adapt": 0})["kind"]
     'resume'
     """
@@ -134,7 +134,7 @@ def read_events(log_dir_or_file):
 
     Example:
 
-    >>> from keras_adapt import events
+    >>> from keras_adapt.record import events
     >>> events.read_events("/nonexistent")
     []
     """

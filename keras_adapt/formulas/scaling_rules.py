@@ -17,7 +17,7 @@ value over that many updates after every change.
 
 Example:
 
->>> from keras_adapt.policies import scaling_rules as r
+>>> from keras_adapt.formulas import scaling_rules as r
 >>> r.LinearScaling().factor(4.0), r.SqrtScaling().factor(4.0), r.NoScaling().factor(4.0)
 (4.0, 2.0, 1.0)
 >>> stats = {"grad_sqr": 1.0, "grad_var": 64.0}   # |G|^2 = 1, tr(Sigma) = 64
@@ -45,7 +45,7 @@ class ScalingRule:
 
     Example:
 
-    >>> from keras_adapt.policies import ScalingRule
+    >>> from keras_adapt.formulas.scaling_rules import ScalingRule
     >>> class Cubic(ScalingRule):
     ...     def factor(self, scale, stats=None, base_batch=None):
     ...         return scale ** (1 / 3)
@@ -83,7 +83,7 @@ class NoScaling(ScalingRule):
 
     Example:
 
-    >>> from keras_adapt.policies import NoScaling
+    >>> from keras_adapt.formulas.scaling_rules import NoScaling
     >>> NoScaling().factor(8.0)
     1.0
     """
@@ -97,7 +97,7 @@ class LinearScaling(ScalingRule):
 
     Example:
 
-    >>> from keras_adapt.policies import LinearScaling
+    >>> from keras_adapt.formulas.scaling_rules import LinearScaling
     >>> LinearScaling(warmup_steps=100).factor(8.0)
     8.0
     """
@@ -111,7 +111,7 @@ class SqrtScaling(ScalingRule):
 
     Example:
 
-    >>> from keras_adapt.policies import SqrtScaling
+    >>> from keras_adapt.formulas.scaling_rules import SqrtScaling
     >>> SqrtScaling().factor(16.0)
     4.0
     """
@@ -133,7 +133,7 @@ class AdaScale(ScalingRule):
 
     Example:
 
-    >>> from keras_adapt.policies import AdaScale
+    >>> from keras_adapt.formulas.scaling_rules import AdaScale
     >>> rule = AdaScale()
     >>> rule.factor(4.0, {"grad_sqr": 0.0, "grad_var": 10.0}, base_batch=8)   # all noise
     4.0
@@ -162,7 +162,7 @@ def adascale_gain(scale, stats, base_batch):
 
     Example:
 
-    >>> from keras_adapt.policies.scaling_rules import adascale_gain
+    >>> from keras_adapt.formulas.scaling_rules import adascale_gain
     >>> stats = {"grad_sqr": 1.0, "grad_var": 64.0}      # noise scale 64
     >>> adascale_gain(4.0, stats, base_batch=32)          # (64 + 32) / (64 + 128) x 4
     2.0
@@ -193,7 +193,7 @@ def get(rule):
 
     Example:
 
-    >>> from keras_adapt.policies import scaling_rules
+    >>> from keras_adapt.formulas import scaling_rules
     >>> scaling_rules.get("sqrt"), scaling_rules.get({"name": "linear", "warmup_steps": 5})
     (SqrtScaling(warmup_steps=0), LinearScaling(warmup_steps=5))
     """
@@ -224,7 +224,7 @@ def serialize(rule):
 
     Example:
 
-    >>> from keras_adapt.policies import scaling_rules
+    >>> from keras_adapt.formulas import scaling_rules
     >>> scaling_rules.serialize(scaling_rules.SqrtScaling(10))
     {'name': 'sqrt', 'warmup_steps': 10}
     """

@@ -56,7 +56,7 @@ such a split says so (``Prediction.determined`` is False).
 
 Example:
 
->>> from keras_adapt.perf_model import ThroughputModel
+>>> from keras_adapt.formulas.throughput import ThroughputModel
 >>> model = ThroughputModel(warmup=0)
 >>> for b in (16, 32, 64, 128):
 ...     for n in (1, 2):
@@ -121,7 +121,7 @@ def design_row(batch_size, workers=1, accumulation=1):
 
     Example:
 
-    >>> from keras_adapt.perf_model import design_row
+    >>> from keras_adapt.formulas.throughput import design_row
     >>> design_row(32, workers=2, accumulation=4)
     [128.0, 4.0, 1.0, 0.5, 1.0, 2.0, 64.0]
     """
@@ -149,7 +149,7 @@ class Prediction:
 
     Example:
 
-    >>> from keras_adapt.perf_model import Prediction
+    >>> from keras_adapt.formulas.throughput import Prediction
     >>> p = Prediction(0.020, 0.0004, True)
     >>> round(p.relative_std, 3), float(p)
     (0.02, 0.02)
@@ -207,7 +207,7 @@ class ThroughputFit:
 
     Example:
 
-    >>> from keras_adapt.perf_model import ThroughputModel
+    >>> from keras_adapt.formulas.throughput import ThroughputModel
     >>> model = ThroughputModel(warmup=0, min_observations=1)
     >>> for b in (8, 16, 32, 64):
     ...     _ = model.observe(b, 0.001 + 2e-4 * b)
@@ -246,7 +246,7 @@ class ThroughputFit:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> _ = model.observe(32, 0.01)
         >>> model.fit().fitted
@@ -274,7 +274,7 @@ class ThroughputFit:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> for b in (8, 16, 32, 64):
         ...     _ = model.observe(b, 0.001 + 2e-4 * b)
@@ -321,7 +321,7 @@ class ThroughputFit:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> for b in (8, 16, 32, 64):
         ...     _ = model.observe(b, 0.001 + 2e-4 * b)
@@ -498,7 +498,7 @@ class ThroughputModel:
 
     Example:
 
-    >>> from keras_adapt.perf_model import ThroughputModel
+    >>> from keras_adapt.formulas.throughput import ThroughputModel
     >>> model = ThroughputModel(warmup=1)
     >>> model.observe(32, 0.5)      # the first update after a change: discarded
     False
@@ -564,7 +564,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=1)
         >>> model.observe(64, 0.031, workers=2), model.observe(64, 0.012, workers=2)
         (False, True)
@@ -595,7 +595,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, window=2, min_observations=1)
         >>> for t in (0.1, 0.2, 0.3):
         ...     _ = model.observe(8, t)
@@ -609,7 +609,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0)
         >>> _ = model.observe(8, 0.1); model.reset(); model.configurations()
         {}
@@ -626,7 +626,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=1)
         >>> for t in (0.5, 0.02, 0.021):
         ...     _ = model.observe(16, t, workers=2)
@@ -644,7 +644,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=1)
         >>> model.set_state({"configurations": [[16, 2, 1, [0.02, 0.021]]],
         ...                  "current": [16, 2, 1], "run": 3})
@@ -679,7 +679,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0)
         >>> _ = model.observe(8, 0.1)
         >>> fit = model.fit()
@@ -695,7 +695,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0)
         >>> model.predict_step_time(32)
         Traceback (most recent call last):
@@ -709,7 +709,7 @@ class ThroughputModel:
 
         Example:
 
-        >>> from keras_adapt.perf_model import ThroughputModel
+        >>> from keras_adapt.formulas.throughput import ThroughputModel
         >>> model = ThroughputModel(warmup=0, min_observations=1)
         >>> for b in (8, 16, 32, 64):
         ...     _ = model.observe(b, 0.001 + 1e-4 * b)
