@@ -15,6 +15,7 @@ from keras_adapt import _hvd, events
 from keras_adapt.callbacks._common import epoch_ender
 from keras_adapt.callbacks.signal_agreement import SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
+from keras_adapt.monitors import step_pauses
 from keras_adapt.optimizer import UpdateBoundary, build_slots, require_distributed
 
 #: Default exit code after a preemption checkpoint: ``EX_TEMPFAIL`` of
@@ -401,6 +402,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
 
     def _save(self, epoch, step_in_epoch):
         """Rank 0 writes a checkpoint at (epoch, step_in_epoch); returns its path (None elsewhere)."""
+        # Every rank: the step timers leave out this update and the next,
+        # at whose collective the others wait for rank 0's write.
+        step_pauses.skip_update(2)
         if _hvd.rank() != 0:
             return None
         if self._manager is None:
