@@ -62,7 +62,8 @@ samples (``passes`` over the training set), and for all runs the LR drops
 10x for the last 20% of their budget, so the final accuracy is a trained
 model's and not a snapshot of SGD noise. The held-out test set is
 evaluated every ``eval_every`` training samples (at the first update after
-it), the same grid for all; evaluation time is not counted. Wall time
+it), the same grid for all; evaluation time is not counted (nor by the
+policies' step timers: it runs inside ``keras_adapt.monitors.paused()``). Wall time
 starts after the first update, so nobody pays for graph tracing.
 
 * ``updates``/``wall`` to target: optimizer updates and training seconds
@@ -687,6 +688,7 @@ def worker(args):
     import keras_adapt
     from keras_adapt import _keras
     from keras_adapt.data import AdaptiveBatchDataset, teacher_student
+    from keras_adapt.monitors import paused
     from keras_adapt.policies import GNSBatchSizePolicy, GoodputBatchSizePolicy
 
     hvd.init()
@@ -788,7 +790,8 @@ def worker(args):
                     self.decay()
             if samples >= self.next_eval or done:
                 wall = now - self.t0 - self.excluded
-                acc = self.accuracy()
+                with paused():  # not a step's time for the policy's step timer either
+                    acc = self.accuracy()
                 gns = None
                 if self.policy is not None:
                     gns = round(float(self.policy.measurements().get("gns", float("nan"))), 1)

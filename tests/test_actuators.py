@@ -273,6 +273,37 @@ def test_actuators_refuse_a_plain_optimizer_and_bad_values():
         GlobalBatchSize(model).plan(64)
 
 
+@pytest.mark.parametrize("actuator", [GradientAccumulation, LearningRateScale])
+def test_an_actuator_made_once_fit_runs_names_on_attach(actuator):
+    # Made in on_train_begin, fit has built its train function already:
+    # without the check both stacks end in "TypeError: 'NoneType' object is
+    # not callable" at the first step.
+    from keras_adapt.policies import AdaptationPolicy
+
+    class Late(AdaptationPolicy):
+        def on_train_begin(self, logs=None):
+            actuator(self.model)
+            super().on_train_begin(logs)
+
+    class Early(AdaptationPolicy):
+        def on_attach(self, model):
+            self.made = actuator(model)
+
+    x, y = _data(32)
+    model = _model()
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    with pytest.raises(RuntimeError, match=rf"{actuator.__name__} changes the train step, but it "
+                                           r"was set up in Late.on_train_begin while model.fit "
+                                           r"runs.*policy's on_attach\(model\)"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[Late()])
+    assert int(model.optimizer.iterations.numpy()) == 0
+    model = _model()
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    model.fit(x, y, batch_size=8, verbose=0)  # a train function of the first fit, kept
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[Early()])  # on_attach: traced anew
+    assert int(model.optimizer.iterations.numpy()) == 8
+
+
 def test_lr_callbacks_change_the_base_rate_under_the_factor_without_compounding():
     # ReduceLROnPlateau reads the rate, scales it and writes it back. On
     # Keras 3 it reads and writes the effective rate (base x factor); on

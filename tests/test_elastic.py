@@ -640,6 +640,42 @@ def test_commits_wait_for_the_end_of_an_accumulated_update():
     assert committed == [(0, 4, 0), (0, 8, 0), (1, 1, 0), (1, 5, 0), (2, 0, 0)]
 
 
+def test_a_plain_keras_optimizer_is_held_committed_and_restored():
+    # As Horovod's KerasState: any optimizer (here not even the model's);
+    # its variables (iterations and Adam's slots) are kept with the weights,
+    # keras-adapt's own state is simply not there.
+    import keras
+    import numpy as np
+
+    from keras_adapt import elastic
+    from keras_adapt.optimizer import optimizer_variables
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.Adam(0.01)
+    state = elastic.KerasState(model, optimizer, batch=3, epoch=1)
+    variables = optimizer_variables(optimizer)
+    assert len(variables) >= 1 + 2 * 2  # built by the state: iterations, m and v of 2 weights
+    state.sync()  # one worker: nothing to receive, the state is kept
+
+    def values():
+        return [np.array(v) for v in model.get_weights() + [np.asarray(v) for v in variables]]
+
+    committed = values()
+    for v in model.weights + variables:
+        v.assign(np.full(v.shape, 7, v.dtype.name if hasattr(v.dtype, "name") else v.dtype))
+    state.batch = 9
+    state.restore()
+    for got, want in zip(values(), committed):
+        np.testing.assert_array_equal(got, want)
+    assert (state.batch, state.epoch, state.adapt, state.lr) == (3, 1, {}, float(np.float32(0.01)))
+    for v in model.weights + variables:
+        v.assign(np.ones(v.shape, v.dtype.name if hasattr(v.dtype, "name") else v.dtype))
+    state.batch = 4
+    state.commit()
+    state.restore()
+    assert all((got == 1).all() for got in values()) and state.batch == 4
+
+
 def test_host_updates_are_agreed_and_interrupt_once():
     # What the driver's notifications make a commit do (here one rank; the
     # elastic jobs above run the agreement on two): any change interrupts
@@ -700,8 +736,11 @@ def test_bad_input_is_refused_with_the_fix():
         elastic.KerasState(lazy)
     plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     plain.compile(keras.optimizers.SGD(0.1), "mse")
-    with pytest.raises(ValueError, match="keras_adapt.DistributedOptimizer"):
-        elastic.KerasState(plain)
+    with pytest.raises(ValueError, match=r"rule=.* is not valid with the optimizer SGD.*"
+                                         r"keras_adapt.DistributedOptimizer"):
+        elastic.KerasState(plain, rule=elastic.ResizeRule("keep", global_batch=8))
+    with pytest.raises(ValueError, match="optimizer=None is not valid; use a Keras optimizer"):
+        elastic.KerasState(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
     state = elastic.KerasState(_model())
     with pytest.raises(ValueError, match="batches_per_commit=0 is not valid"):
         elastic.CommitStateCallback(state, batches_per_commit=0)

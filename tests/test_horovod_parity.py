@@ -124,6 +124,20 @@ def test_lazily_built_model_is_identical_across_ranks(results):
     assert np.isfinite(np.concatenate([np.ravel(w) for w in a["final"]])).all()
 
 
+def test_repeated_fits_broadcast_without_retracing(results):
+    # six fits, each rank's weights set to 10 x fit + rank before each: every
+    # fit starts from rank 0's (10 x fit); the broadcast's one function is
+    # traced by the first two fits at most (the optimizer's slots appear in
+    # the first), never again, and TensorFlow warns of no retracing
+    for r in results:
+        starts = r["refit"]["starts"]
+        assert [sorted({v for w in s for v in np.ravel(w)}) for s in starts] == \
+            [[10.0 * fit] for fit in range(6)]
+        traces = r["refit"]["traces"]
+        assert len(set(traces[1:])) == 1, traces
+        assert r["refit"]["warnings"] == []
+
+
 def test_ported_horovod_script_trains_checkpoints_on_rank_0_and_reloads(results):
     a, b = results
     assert a["port"]["wrote"] and not b["port"]["wrote"]  # BestModelCheckpoint: rank 0 only
@@ -207,13 +221,14 @@ def test_horovods_keras_test_file_with_keras_adapt(tmp_path, controller):
           f"{len(passed)}/{len(outcomes)} passed: {passed}")
     print({n: sorted(s) for n, s in outcomes.items() if s != {"passed"}})
     assert len(outcomes) == 13
-    # Tests that do not read Horovod internals (_agg_helper, _compute_gradients,
-    # hvd.elastic) and use only APIs this Keras has must pass. On Keras 3 the
+    # Tests that do not read Horovod internals (_agg_helper, _compute_gradients)
+    # and use only APIs this Keras has must pass (test_elastic_state: a
+    # KerasState of a model and a plain Keras optimizer). On Keras 3 the
     # others stop at Keras 2 APIs in the test code itself (lr=, legacy
     # optimizers, losses.mean_squared_error, ThresholdedReLU, Variable.ref()).
     from keras_adapt import _keras
 
-    must = {"test_from_config"}
+    must = {"test_from_config", "test_elastic_state"}
     if not _keras.IS_KERAS3:
         must |= {"test_train_model_lr_schedule", "test_sparse_as_dense", "test_legacy_optimizer",
                  "test_broadcast_global_variables_callback_with_local_vars"}

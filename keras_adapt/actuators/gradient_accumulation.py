@@ -41,10 +41,9 @@ class GradientAccumulation:
         optimizer = distributed_optimizer(model, "GradientAccumulation")
         if steps is not None:
             steps = positive_int("steps", steps)
-        was_enabled = optimizer.adapt_state.accumulation is not None
+        if optimizer.adapt_state.accumulation is None:
+            retrace(model, "GradientAccumulation")  # before the path is enabled
         self._state = _optimizer.enable_accumulation(optimizer, steps or 1)
-        if not was_enabled:
-            retrace(model)
         if steps is not None:
             self.set(steps)
 

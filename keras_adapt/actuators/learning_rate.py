@@ -52,7 +52,7 @@ class LearningRateScale:
         was_progress = was is not None and was.use_progress
         self._state = _optimizer.enable_lr_control(self._optimizer, use_progress)
         if was is None or (use_progress and not was_progress):
-            retrace(model)
+            retrace(model, "LearningRateScale")
 
     def _iterations(self):
         return int(self._optimizer.iterations.numpy())

@@ -61,7 +61,7 @@ class RankBatchSizes:
         self.weighting = optimizer.adapt_state.batch_weighting
         _train_step.record_batch_size(model, stats)
         if self.weighting.enable():
-            retrace(model)  # a train function traced before has no weighting
+            retrace(model, "RankBatchSizes")  # a train function traced before has no weighting
         self.weighting.set_reference(sum(self.sizes) / len(self.sizes))
 
     @property

@@ -13,6 +13,7 @@ from keras_adapt import _hvd
 from keras_adapt.checkpointing import CheckpointFiles, epoch_ender
 from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
+from keras_adapt.monitors import step_pauses
 from keras_adapt.optimizer import UpdateBoundary, require_distributed
 from keras_adapt.record import events
 
@@ -310,6 +311,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
 
     def _save(self, epoch, step_in_epoch):
         """Rank 0 writes a checkpoint at (epoch, step_in_epoch); returns its path (None elsewhere)."""
+        # Every rank: the step timers leave out this update and the next,
+        # at whose collective the others wait for rank 0's write.
+        step_pauses.skip_update(2)
         return self.files.write(epoch, step_in_epoch, self._dataset, self._policy_list)
 
     def _record(self, kind, reason, before, after):

@@ -21,13 +21,21 @@ def broadcast_variables(variables, root_rank=0):
     >>> v.numpy().tolist()
     [1.0, 2.0]
     """
-    variables = list(variables)
+    variables = [_tf_variable(v) for v in variables]
     if _hvd.size() == 1 or not variables:
         return
+    _broadcast(variables, root_rank)
 
-    @tf.function
-    def _broadcast():
-        for i, v in enumerate(variables):
-            v.assign(_hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=f"keras_adapt_bcast_{i}"))
 
-    _broadcast()
+def _tf_variable(v):
+    """The ``tf.Variable`` of a variable: itself, or a Keras 3 variable's ``value``."""
+    return v if isinstance(v, tf.Variable) else v.value
+
+
+# One function for every call: the variables are its arguments, so it is
+# traced once per signature (their count, dtypes and, generalised, shapes)
+# and not once per call, which TensorFlow warns about when fit is repeated.
+@tf.function(reduce_retracing=True)
+def _broadcast(variables, root_rank):
+    for i, v in enumerate(variables):
+        v.assign(_hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=f"keras_adapt_bcast_{i}"))

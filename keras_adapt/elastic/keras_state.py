@@ -54,17 +54,24 @@ def _signature(variables):
 
 
 class KerasState(ObjectState):
-    """Elastic state of a Keras model, its keras-adapt optimizer and the
-    training position, for :func:`keras_adapt.elastic.run`.
+    """Elastic state of a Keras model, its optimizer and the training
+    position, for :func:`keras_adapt.elastic.run`.
 
     Make it after the model is built and compiled, and before ``run``: it
     creates the optimizer's slots without any collective (a worker that
     joins a running job must not run collectives the others do not), so the
     first ``sync`` finds the same variables on every rank.
 
+    Any Keras optimizer can be held, as with Horovod's ``KerasState``: its
+    variables are saved, restored and synced with the model's. keras-adapt's
+    own state (gradient statistics, accumulation, learning-rate factor,
+    synchronisation strategy) and a resize ``rule`` need
+    ``keras_adapt.DistributedOptimizer``, which is also what averages the
+    gradients in ``fit``; with another optimizer they are simply not there.
+
     Args:
-        model: a built Keras model compiled with
-            ``keras_adapt.DistributedOptimizer``.
+        model: a built Keras model (compiled with
+            ``keras_adapt.DistributedOptimizer`` to train it elastically).
         optimizer: the optimizer, if not ``model.optimizer``.
         batch: batches completed in the current epoch (0 to start).
         epoch: epochs completed (0 to start).
@@ -109,18 +116,24 @@ class KerasState(ObjectState):
                 "model.build(input_shape) first, so every worker has the same weights to sync"
             )
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        if optimizer is None or not _optimizer.is_distributed(optimizer):
+        if optimizer is None or not hasattr(optimizer, "iterations"):
             raise ValueError(
-                "KerasState needs the model compiled with keras_adapt.DistributedOptimizer(...) "
-                f"(got optimizer {type(optimizer).__name__ if optimizer is not None else None}); "
-                "Horovod's own optimizer wrapper does not average gradients on Keras 3"
-            )
+                f"optimizer={optimizer!r} is not valid; use a Keras optimizer: compile the model "
+                "with keras_adapt.DistributedOptimizer(...) or pass optimizer=")
         for name, value in (("batch", batch), ("epoch", epoch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} is not valid; use an int >= 0")
         self.model = model
         self.optimizer = optimizer
+        # keras-adapt's state of the optimizer (None: another optimizer)
+        self._adapt_state = optimizer.adapt_state if _optimizer.is_distributed(optimizer) else None
         self.rule = ResizeRule.get(rule)
+        if self.rule.mode != "none" and (self._adapt_state is None
+                                         or getattr(model, "optimizer", None) is not optimizer):
+            raise ValueError(
+                f"rule={rule!r} is not valid with the optimizer {type(optimizer).__name__}: a "
+                "resize rule acts through the model's keras-adapt optimizer; compile the model "
+                "with keras_adapt.DistributedOptimizer(...), or use rule=None")
         self.log_dir = log_dir
         self.policies = list(policies)
         for p in self.policies:
@@ -149,8 +162,15 @@ class KerasState(ObjectState):
                          batch=batch, epoch=epoch, adapt=self.adapt,
                          policy_states=self.policy_states, signature=self.signature,
                          sync_choice=self.sync_choice, data_state=self.data_state, **kwargs)
-        self.rescaled = self.rule.apply(self.model, self.workers, self.workers, self.dataset)
+        self.rescaled = self._apply_rule(self.workers, self.workers)
         self.batch_size = self._batch_size()
+
+    def _apply_rule(self, before, after):
+        """The resize rule from ``before`` to ``after`` workers (nothing
+        without keras-adapt's optimizer: no rule, no batch machinery)."""
+        if self._adapt_state is None:
+            return {"before": {}, "after": {}}
+        return self.rule.apply(self.model, before, after, self.dataset)
 
     def _check_dataset(self, dataset):
         if dataset is None:
@@ -165,7 +185,7 @@ class KerasState(ObjectState):
                 f"the AdaptiveBatchDataset is sharded for rank {dataset.rank} of "
                 f"{dataset.num_workers} but this is rank {_hvd.rank()} of {_hvd.size()}; make "
                 "it with the default num_workers and rank (Horovod's)")
-        if self.rule.mode != "none" and self.optimizer.adapt_state.batch_size_actuator is None:
+        if self.rule.mode != "none" and self._adapt_state.batch_size_actuator is None:
             want = self.rule.per_worker_batch(_hvd.size())
             if dataset.micro_batch_size != want:
                 raise ValueError(
@@ -177,7 +197,7 @@ class KerasState(ObjectState):
     def _batch_size(self):
         """Each worker's batch now: the actuator's or the dataset's
         micro-batch when there is one, else the rule's."""
-        actuator = self.optimizer.adapt_state.batch_size_actuator
+        actuator = None if self._adapt_state is None else self._adapt_state.batch_size_actuator
         if actuator is not None and actuator.micro_batch_size is not None:
             return actuator.micro_batch_size
         if self.dataset is not None:
@@ -189,11 +209,13 @@ class KerasState(ObjectState):
         return list(self.model.weights) + _optimizer.optimizer_variables(self.optimizer)
 
     def _snapshot_host(self):
-        adapt_state = self.optimizer.adapt_state
-        self.adapt = {k: v.numpy() for k, v in adapt_state.checkpoint_variables().items()}
-        control = adapt_state.lr_control
-        self.adapt["lr_control/use_progress"] = None if control is None else control.use_progress
-        self.sync_choice = adapt_state.sync.get_state()
+        adapt_state = self._adapt_state
+        if adapt_state is not None:
+            self.adapt = {k: v.numpy() for k, v in adapt_state.checkpoint_variables().items()}
+            control = adapt_state.lr_control
+            self.adapt["lr_control/use_progress"] = (None if control is None
+                                                     else control.use_progress)
+            self.sync_choice = adapt_state.sync.get_state()
         self.data_state = None if self.dataset is None else self.dataset.get_state()
         self.policy_states = [p.get_state() for p in self.policies]
 
@@ -201,7 +223,20 @@ class KerasState(ObjectState):
         self._saved_tensors = [tf.identity(tf.convert_to_tensor(v)) for v in self._tensors()]
 
     def _load_host(self):
-        adapt_state = self.optimizer.adapt_state
+        if self._adapt_state is not None:
+            self._load_adapt_state()
+        if self.dataset is not None:
+            if self.data_state["num_workers"] == self.dataset.num_workers:
+                self.dataset.set_state(self.data_state)
+            else:
+                self.dataset.reshard(self.dataset.num_workers, self.dataset.rank,
+                                     self.data_state["micro_batch_size"], state=self.data_state)
+        for p, s in zip(self.policies, self.policy_states):
+            p.restore(s)
+        self.batch_size = self._batch_size()
+
+    def _load_adapt_state(self):
+        adapt_state = self._adapt_state
         use_progress = self.adapt.get("lr_control/use_progress")
         if use_progress is not None:
             _optimizer.enable_lr_control(self.optimizer, bool(use_progress))
@@ -216,15 +251,6 @@ class KerasState(ObjectState):
         if adapt_state.accumulation is not None:
             adapt_state.accumulation.steps_value = int(adapt_state.accumulation.steps.numpy())
         adapt_state.sync.set_state(self.sync_choice)
-        if self.dataset is not None:
-            if self.data_state["num_workers"] == self.dataset.num_workers:
-                self.dataset.set_state(self.data_state)
-            else:
-                self.dataset.reshard(self.dataset.num_workers, self.dataset.rank,
-                                     self.data_state["micro_batch_size"], state=self.data_state)
-        for p, s in zip(self.policies, self.policy_states):
-            p.restore(s)
-        self.batch_size = self._batch_size()
 
     def load(self, epoch, batch, data_state=None, policy_states=None):
         """Moves this rank's state to a position saved elsewhere (a disk
@@ -289,10 +315,10 @@ class KerasState(ObjectState):
                              "of the run that wrote the checkpoint")
         if before == self.workers:
             return {"before": {}, "after": {}}
-        actuator = self.optimizer.adapt_state.batch_size_actuator
+        actuator = None if self._adapt_state is None else self._adapt_state.batch_size_actuator
         if actuator is not None:
             actuator.workers = before  # the global batch the checkpoint's run had
-        self.rescaled = self.rule.apply(self.model, before, self.workers, self.dataset)
+        self.rescaled = self._apply_rule(before, self.workers)
         self.batch_size = self._batch_size()
         self.save()
         return self.rescaled
@@ -372,7 +398,8 @@ class KerasState(ObjectState):
             )
         broadcast_variables(self._tensors(), root_rank=0)
         self._load_host()
-        self.optimizer.adapt_state.sync.rejoin()
+        if self._adapt_state is not None:
+            self._adapt_state.sync.rejoin()
         self._save_tensors()
         self._snapshot_host()
         super().save()
@@ -387,16 +414,16 @@ class KerasState(ObjectState):
         self.model.train_function = None
         self.model.test_function = None
         self.model.predict_function = None
-        adapt_state = self.optimizer.adapt_state
-        acc = adapt_state.accumulation
+        adapt_state = self._adapt_state
+        acc = None if adapt_state is None else adapt_state.accumulation
         if acc is not None and acc.grads is not None:
             acc.reset()
-        if adapt_state.previous is not None:
+        if adapt_state is not None and adapt_state.previous is not None:
             adapt_state.previous.stored.assign(False)
         self.workers = after
         if self.dataset is not None:
             self.dataset.reshard(after, _hvd.rank(), self.dataset.micro_batch_size)
-        self.rescaled = self.rule.apply(self.model, before, after, self.dataset)
+        self.rescaled = self._apply_rule(before, after)
         self.batch_size = self._batch_size()
         self._pending = {"before": before, "after": after, "since": self._last_step_end,
                          "reset_at": time.time(), "synced": False}

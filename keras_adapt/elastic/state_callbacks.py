@@ -14,6 +14,7 @@ import numpy as np
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from keras_adapt.elastic import disk_checkpoint
+from keras_adapt.monitors import step_pauses
 from keras_adapt.optimizer import UpdateBoundary
 
 #: ``batches_per_commit="auto"`` (the default) commits every this many steps
@@ -172,7 +173,8 @@ class CommitStateCallback(keras.callbacks.Callback):
         start = time.perf_counter()
         agreed = False  # the state is saved and every rank passed the check
         try:
-            self.state.commit()
+            with step_pauses.paused():  # every rank alike: not step time
+                self.state.commit()
             agreed = True
         except HostsUpdatedInterrupt:  # all ranks agreed to re-form the job here
             agreed = True

@@ -10,7 +10,8 @@ class UpdateBoundary:
     calls :meth:`step_ended` after each micro-step; it applies the graph's
     rule (:meth:`AccumulationState.completes_update`) to a host count, so no
     variable is read per step, and every rank counts alike. Without
-    accumulation every micro-step completes an update.
+    accumulation (or with an optimizer that is not keras-adapt's) every
+    micro-step completes an update.
 
     Example:
 
@@ -24,7 +25,8 @@ class UpdateBoundary:
     """
 
     def __init__(self, optimizer):
-        self.accumulation = optimizer.adapt_state.accumulation
+        adapt_state = getattr(optimizer, "adapt_state", None)
+        self.accumulation = None if adapt_state is None else adapt_state.accumulation
         # micro-steps already accumulated (a fit that starts mid-update)
         self.pending = 0 if self.accumulation is None else int(self.accumulation.count.numpy())
 

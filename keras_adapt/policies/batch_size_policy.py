@@ -156,7 +156,7 @@ class BatchSizePolicy(AdaptationPolicy):
     def on_train_begin(self, logs=None):
         self._ending_epoch = False  # a fit left by an exception (an elastic reset)
         if self.update_timer is not None:
-            self.update_timer.begin_fit()
+            self.update_timer.begin_fit(self.model)
         super().on_train_begin(logs)
 
     def on_attach(self, model):

@@ -9,6 +9,9 @@ which each rank can regenerate) and records measured and expected values:
               variables, IndexedSlices gradients: values after each step
   lazy        Sequential without Input, ranks seeded differently, broadcast
               callback: weights after the first step and after training
+  refit       six fits of one model in one process, each rank's weights set
+              apart before each: the weights the broadcast gives at each fit's
+              start, TensorFlow's retracing warnings, the broadcast's traces
   warmup      LR warm-up and schedule callbacks: the rate before each batch
   collectives the Horovod ops (and their tensor counts) per function of one
               traced train step, per setting
@@ -180,6 +183,41 @@ def lazy_phase():
                        "optimizer": [np.asarray(v).tolist() for v in model.optimizer.variables]}
 
 
+def refit_phase():
+    import logging
+
+    from keras_adapt.callbacks import broadcast_global_variables
+
+    warnings = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if "retracing" in record.getMessage():
+                warnings.append(record.getMessage()[:200])
+
+    handler = Collect()
+    logging.getLogger("tensorflow").addHandler(handler)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(0.01)), "mse")
+    x, y = np.ones((8, 5), np.float32), np.ones((8, 1), np.float32)
+    starts = []
+
+    class Start(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after the broadcast callback's
+            starts.append([w.tolist() for w in self.model.get_weights()])
+
+    traces = []  # the broadcast function's traces so far, after each fit
+    for fit in range(6):
+        # every rank's own weights: only the broadcast makes them rank 0's
+        model.set_weights([np.full(w.shape, 10.0 * fit + rank, np.float32)
+                           for w in model.get_weights()])
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[BroadcastGlobalVariablesCallback(0), Start()])
+        traces.append(broadcast_global_variables._broadcast.experimental_get_tracing_count())
+    logging.getLogger("tensorflow").removeHandler(handler)
+    results["refit"] = {"starts": starts, "warnings": warnings, "traces": traces}
+
+
 def warmup_phase():
     out = {}
     for compose in (False, True):
@@ -280,6 +318,7 @@ port_phase()
 reduce_phase()
 accumulate_phase()
 lazy_phase()
+refit_phase()
 warmup_phase()
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(results, f)
