@@ -36,6 +36,12 @@ def test_every_setter_sets_the_base_rate_under_the_factor(name, sgd):
     checks.check(name, result)
 
 
+@pytest.mark.parametrize("sgd", checks.sgd_classes(), ids=lambda c: c.__module__)
+def test_the_update_reads_the_factor_when_run_eagerly_too(sgd):
+    # The update is not traced here: the rule keys on the update, not on graph mode.
+    checks.check("scheduler_relative", checks.run("scheduler_relative", sgd, run_eagerly=True))
+
+
 def test_the_issue_script_trains_alike_on_both_stacks():
     # The absolute schedule next to a factor of 4: 0.08 then 0.008, not what
     # the schedule returns (0.02, 0.002).

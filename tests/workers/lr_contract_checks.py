@@ -136,14 +136,15 @@ def sgd_classes():
     return out
 
 
-def run(name, sgd=keras.optimizers.SGD, extra_callbacks=()):
-    """Trains scenario ``name``; returns what was measured and what the
-    contract says, per update (``applied``, ``read``) and per epoch
-    (``logged``)."""
+def run(name, sgd=keras.optimizers.SGD, extra_callbacks=(), run_eagerly=False):
+    """Trains scenario ``name`` (compiled with ``run_eagerly``); returns what
+    was measured and what the contract says, per update (``applied``,
+    ``read``) and per epoch (``logged``)."""
     make_callbacks, base, factor, logged = SCENARIOS[name]
     model = keras.Sequential([keras.Input((1,)),
                               keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
-    model.compile(keras_adapt.DistributedOptimizer(sgd(LR0)), loss=lambda y, p: tf.reduce_mean(p))
+    model.compile(keras_adapt.DistributedOptimizer(sgd(LR0)), loss=lambda y, p: tf.reduce_mean(p),
+                  run_eagerly=run_eagerly)
     scale = LearningRateScale(model)
     if factor is _ramped_factor:
         scale.set(FACTOR, warmup_steps=4)
