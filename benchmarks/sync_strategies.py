@@ -402,8 +402,8 @@ def worker(args):
             done = samples >= self.budget
             while self.decay_at and samples >= self.decay_at[0]:
                 self.decay_at.pop(0)
-                # Keras 3 reads and writes the effective rate, tf.keras 2 the
-                # base rate under a policy's factor: x0.1 either way.
+                # Reads and writes the base rate under a policy's factor (on both
+                # stacks): the effective rate x0.1.
                 opt = self.model.optimizer
                 opt.learning_rate = float(np.asarray(opt.learning_rate)) * DECAY
             if samples >= self.next_eval or done:

@@ -766,8 +766,8 @@ def worker(args):
             if self.decayed:
                 return
             self.decayed = True
-            # Keras 3 reads and writes the effective rate, tf.keras 2 the
-            # base rate under the policies' factor: x0.1 either way.
+            # Reads and writes the base rate under the policies' factor (on both
+            # stacks): the effective rate x0.1.
             opt = self.model.optimizer
             opt.learning_rate = float(np.asarray(opt.learning_rate)) * DECAY
 

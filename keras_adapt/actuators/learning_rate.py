@@ -26,6 +26,14 @@ class LearningRateScale:
     ramp linearly over ``warmup_steps`` updates (Goyal et al. 2017), computed
     in the graph from the update count, so no callback runs per step.
 
+    The same on both stacks: whatever sets the learning rate afterwards
+    (``optimizer.learning_rate = x`` or ``.assign(x)``, Keras'
+    ``LearningRateScheduler`` and ``ReduceLROnPlateau``, keras-adapt's
+    warm-up and schedule callbacks) sets the base rate, under the factor;
+    reading ``optimizer.learning_rate`` gives the base rate
+    (:func:`~keras_adapt.optimizer.base_learning_rate`), and only the
+    update reads ``base x factor`` (:meth:`current_lr`).
+
     Args:
         model: a model compiled with ``keras_adapt.DistributedOptimizer``.
         use_progress: evaluate a schedule at the progress variable, which

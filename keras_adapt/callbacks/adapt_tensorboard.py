@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import keras
 from keras_adapt import _hvd
-from keras_adapt.optimizer import is_distributed
+from keras_adapt.optimizer import effective_learning_rate, is_distributed
 from keras_adapt.record import events, metadata, summary
 
 #: Logs keys copied from the logs when present (docs/design.md#logs-keys).
@@ -50,25 +50,6 @@ def _to_float(value):
     return value if summary.is_writable_number(value) else None
 
 
-def current_learning_rate(optimizer):
-    """The optimizer's learning rate now: a float, a variable, or a schedule at ``iterations``.
-
-    Example:
-
-    >>> import keras
-    >>> from keras_adapt.callbacks.adapt_tensorboard import current_learning_rate
-    >>> round(current_learning_rate(keras.optimizers.SGD(0.05)), 6)
-    0.05
-    """
-    lr = getattr(optimizer, "learning_rate", None)
-    if lr is None:
-        lr = getattr(optimizer, "lr", None)
-    schedule = keras.optimizers.schedules.LearningRateSchedule
-    if isinstance(lr, schedule) or (callable(lr) and not hasattr(lr, "numpy")):
-        lr = lr(optimizer.iterations)
-    return None if lr is None else _to_float(lr)
-
-
 class AdaptTensorBoard(keras.callbacks.Callback):
     """Writes what adaptive training measured and decided to TensorBoard's "Adapt" tab.
 
@@ -79,11 +60,14 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       optimizer's ``gradient_statistics`` (the values
       ``GradientStatsMonitor`` copies into the logs, read fresh, so the
       order of the callbacks does not matter), else from the logs.
-    - ``batch_size``, ``lr``, ``workers``, ``throughput``: taken from the
+    - ``lr``: the effective learning rate, read from the optimizer at the
+      write (``keras_adapt.optimizer.effective_learning_rate``: the base
+      rate times keras-adapt's factor; a schedule is evaluated at the
+      current step), never from the logs, where tf.keras 2's own
+      ``LearningRateScheduler`` and ``ReduceLROnPlateau`` put the base rate.
+    - ``batch_size``, ``workers``, ``throughput``: taken from the
       logs when a callback put them there (the policies); otherwise
-      derived: ``lr`` from the optimizer (a schedule is evaluated at the
-      current step),
-      ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
+      derived: ``workers`` from ``keras_adapt.size()``, the global ``batch_size``
       (samples per update) from the statistics or ``batch_size`` x workers
       x accumulation steps, and ``throughput`` (samples/s) from its own
       timing of the steps (a step is a micro-step under accumulation).
@@ -304,8 +288,11 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             for key in _STATS_KEYS:
                 if summary.is_writable_number(result[key]):
                     values[key] = float(result[key])
+        lr = _to_float(effective_learning_rate(optimizer))
+        if lr is not None:
+            values["lr"] = lr
         for key in SERIES_KEYS:
-            if key in values or logs is None or key not in logs:
+            if key in values or key == "lr" or logs is None or key not in logs:
                 continue
             if fresh and key in _STATS_KEYS:
                 continue  # a non-finite estimate is not replaced by a stale one
@@ -322,10 +309,6 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             # The strategy in use now: the host copy that sync.set() keeps,
             # so a hand switch without an event is recorded too.
             values["sync_strategy"] = float(optimizer.adapt_state.sync.strategy.index)
-        if "lr" not in values:
-            lr = current_learning_rate(optimizer)
-            if lr is not None:
-                values["lr"] = lr
         values.setdefault("workers", float(self._size))
         # Micro-steps per update: the steps timed here are micro-steps.
         acc = optimizer.adapt_state.accumulation if is_distributed(optimizer) else None

@@ -24,23 +24,6 @@ def _read(value):
     return float(np.asarray(value.numpy() if hasattr(value, "numpy") else value))
 
 
-def effective_learning_rate(optimizer, base):
-    """``base`` times keras-adapt's learning-rate factor when one is active.
-
-    Example:
-
-    >>> import keras, keras_adapt
-    >>> from keras_adapt.callbacks.learning_rate_schedule import effective_learning_rate
-    >>> effective_learning_rate(keras.optimizers.SGD(0.1), 0.5)
-    0.5
-    """
-    state = getattr(optimizer, "adapt_state", None)
-    control = None if state is None else state.lr_control
-    if control is None:
-        return float(base)
-    return float(base) * control.factor_now(int(optimizer.iterations.numpy()))
-
-
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets the learning rate to ``initial_lr x multiplier(epoch)`` between
     ``start_epoch`` and ``end_epoch`` (Horovod's callback, same arguments).
@@ -190,6 +173,4 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            optimizer = self.model.optimizer
-            base = self._base if self._base is not None else _optimizer.base_learning_rate(optimizer)
-            logs["lr"] = effective_learning_rate(optimizer, base)
+            logs["lr"] = _optimizer.effective_learning_rate(self.model.optimizer)

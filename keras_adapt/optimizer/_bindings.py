@@ -1,8 +1,9 @@
 """Thin bindings of :class:`DistributedCore` to the method ``model.fit`` calls.
 
 ``apply`` on Keras 3 (so it also works under Keras 3's ``LossScaleOptimizer``)
-and ``apply_gradients`` on tf.keras 2; each also routes the learning rate
-through keras-adapt's factor where that stack reads it.
+and ``apply_gradients`` on tf.keras 2; each also routes the read of the
+learning rate through keras-adapt's one rule
+(:meth:`DistributedCore._ka_rate_as_read`) where that stack reads it.
 """
 
 import tensorflow as tf
@@ -14,38 +15,29 @@ from keras_adapt.optimizer.lr_control import is_schedule
 
 
 class _Keras3Binding(DistributedCore):
-    """Keras 3: ``fit`` -> ``apply_gradients`` -> ``apply``; LossScaleOptimizer -> ``apply``."""
+    """Keras 3: ``fit`` -> ``apply_gradients`` -> ``apply``; LossScaleOptimizer -> ``apply``.
 
-    @property
-    def learning_rate(self):
-        return self._get_current_learning_rate()
-
-    @learning_rate.setter
-    def learning_rate(self, value):
-        super(_Keras3Binding, type(self)).learning_rate.fset(self, self._ka_base_value(value))
-
-    def set_base_learning_rate(self, value):
-        """Sets the user's learning rate under keras-adapt's factor."""
-        super(_Keras3Binding, type(self)).learning_rate.fset(self, value)
+    Keras 3 reads and sets ``learning_rate`` through
+    ``_get_current_learning_rate`` and the variable it returns: both stay
+    the base rate, and the update's read gets the factor
+    (:meth:`DistributedCore._ka_rate_as_read`).
+    """
 
     def configured_learning_rate(self):
         """The user's learning rate as configured: a schedule or a variable."""
         return self._learning_rate
 
-    def _ka_current_learning_rate(self):
-        """The effective learning rate of this update (in-graph)."""
-        return tf.cast(self._get_current_learning_rate(), tf.float32)
+    def _ka_update_learning_rate(self):
+        return self.learning_rate
 
     def _get_current_learning_rate(self):
         state = getattr(self, "_adapt_state", None)
         control = None if state is None else state.lr_control
-        if control is None:
-            return super()._get_current_learning_rate()
-        if control.use_progress and is_schedule(self._learning_rate):
+        if control is not None and control.use_progress and is_schedule(self._learning_rate):
             lr = self._learning_rate(control.schedule_step(self.iterations))
         else:
             lr = super()._get_current_learning_rate()
-        return self._ka_scaled(lr)
+        return self._ka_rate_as_read(lr)
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -69,11 +61,10 @@ class _Keras3Binding(DistributedCore):
 
 
 class _Keras2Binding(DistributedCore):
-    """tf.keras 2: ``minimize`` -> ``apply_gradients``."""
-
-    def set_base_learning_rate(self, value):
-        """Sets the user's learning rate under keras-adapt's factor."""
-        self.learning_rate = value
+    """tf.keras 2: ``minimize`` -> ``apply_gradients``. A legacy OptimizerV2
+    reads its rate in the update through ``_decayed_lr`` only, which
+    applies the factor (:meth:`DistributedCore._ka_rate_as_read`); its
+    ``learning_rate`` / ``lr`` hyperparameter stays the base rate."""
 
     def configured_learning_rate(self):
         """The user's learning rate as configured: a schedule or a variable."""
@@ -81,14 +72,12 @@ class _Keras2Binding(DistributedCore):
             return self._get_hyper("learning_rate")
         return self._learning_rate
 
-    def _ka_current_learning_rate(self):
-        """The effective learning rate of this update (in-graph)."""
+    def _ka_update_learning_rate(self):
         if hasattr(self, "_create_all_weights"):  # legacy OptimizerV2
             return self._decayed_lr(tf.float32)
-        return tf.cast(self.learning_rate, tf.float32)
+        return self.learning_rate
 
     def _decayed_lr(self, var_dtype):
-        # Legacy OptimizerV2 reads its learning rate through this method only.
         control = self._adapt_state.lr_control
         if control is None:
             return super()._decayed_lr(var_dtype)
@@ -100,7 +89,7 @@ class _Keras2Binding(DistributedCore):
                 lr = lr / (1.0 + tf.cast(self._initial_decay, var_dtype) * step)
         else:
             lr = super()._decayed_lr(var_dtype)
-        return tf.cast(self._ka_scaled(lr), var_dtype)
+        return tf.cast(self._ka_rate_as_read(lr), var_dtype)
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
@@ -121,22 +110,13 @@ class _Keras2Binding(DistributedCore):
 
 class _Keras2LearningRate:
     """tf.keras 2 (non-legacy) optimizers read ``self.learning_rate`` in
-    ``update_step``; the factor of the learning-rate control applies there.
-
-    Outside the train step (in callbacks, eagerly) ``learning_rate`` stays
-    the user's variable, as on legacy optimizers: tf.keras 2 callbacks such
-    as ReduceLROnPlateau assign to it, and they then change the base rate
-    under the factor. ``LearningRateScale.current_lr()`` gives the effective
-    rate.
-    """
+    ``update_step``: that read gets the factor, every other read (callbacks,
+    the user) the base rate, the variable itself, which tf.keras 2's
+    callbacks assign to (:meth:`DistributedCore._ka_rate_as_read`)."""
 
     @property
     def learning_rate(self):
-        lr = super().learning_rate
-        state = getattr(self, "_adapt_state", None)
-        if state is None or state.lr_control is None or tf.executing_eagerly():
-            return lr
-        return self._ka_scaled(lr)
+        return self._ka_rate_as_read(super().learning_rate)
 
     @learning_rate.setter
     def learning_rate(self, value):

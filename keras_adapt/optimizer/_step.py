@@ -32,6 +32,8 @@ the local strategies apply this worker's own gradient
 (:meth:`DistributedCore._ka_local_apply`) and then synchronise the models.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from keras_adapt.monitors.gradient_stats import GradientStatistics
@@ -157,25 +159,44 @@ class DistributedCore:
         return self._adapt_state.skipped
 
     # -- learning rate (used by the bindings) --------------------------------
-    def _ka_scaled(self, lr):
-        """``lr`` times the current factor of the learning-rate control."""
-        control = self._adapt_state.lr_control
-        if control is None:
+    #: True while the optimizer's own update runs (set by :meth:`_ka_updating`).
+    _ka_in_update = False
+
+    @contextlib.contextmanager
+    def _ka_updating(self):
+        """The optimizer's own update runs inside this: there, and only
+        there, reading the learning rate gives base x factor
+        (:meth:`_ka_rate_as_read`). A Python flag around the call, so it
+        holds while the update is traced and when it runs eagerly alike."""
+        before = self._ka_in_update
+        self._ka_in_update = True
+        try:
+            yield
+        finally:
+            self._ka_in_update = before
+
+    def _ka_rate_as_read(self, lr):
+        """The one learning-rate rule of both stacks, which every binding's
+        read of the rate goes through: ``lr`` is the base rate, the one the
+        user, Keras' callbacks and keras-adapt's callbacks set and read; the
+        optimizer's own update reads it times the factor of the
+        learning-rate control (``ramp_factor`` at the update count, the rule
+        the host's ``effective_learning_rate`` computes too); every other
+        reader gets ``lr`` itself, so a read-multiply-write (Keras'
+        ``ReduceLROnPlateau``, ``LearningRateScheduler(lambda e, lr: ...)``)
+        compounds on the base and never on the factor."""
+        state = getattr(self, "_adapt_state", None)
+        control = None if state is None else state.lr_control
+        if control is None or not self._ka_in_update:
             return lr
         lr = tf.convert_to_tensor(lr)
         return lr * tf.cast(control.factor_at(self.iterations), lr.dtype)
 
-    def _ka_base_value(self, value):
-        """Reading ``learning_rate`` gives the effective rate (base x factor),
-        so setting it sets the effective rate too: callbacks such as
-        ReduceLROnPlateau read, multiply and write it back, which must not
-        compound the factor. Schedules and variables are set as given."""
-        state = getattr(self, "_adapt_state", None)
-        control = None if state is None else state.lr_control
-        if control is None or callable(value) or isinstance(value, tf.Variable):
-            return value
-        factor = control.factor_now(int(self.iterations.numpy()))
-        return float(value) / factor
+    def _ka_current_learning_rate(self):
+        """The effective learning rate of this update (in-graph): the rate
+        the update reads (:meth:`_ka_update_learning_rate` of the binding)."""
+        with self._ka_updating():
+            return tf.cast(self._ka_update_learning_rate(), tf.float32)
 
     # -- the update -----------------------------------------------------------
     def _ka_distributed_apply(self, grads, variables, apply_fn):
@@ -185,14 +206,19 @@ class DistributedCore:
         update reaches the workers."""
         _check_not_xla()
         state = self._adapt_state
+
+        def update(averaged):
+            with self._ka_updating():
+                return apply_fn(averaged)
+
         if state.accumulation is not None or type(self).adapt_settings.sparse_as_dense:
             grads = [_dense(g) for g in grads]
         worker_local = [False] * len(grads)
         if state.worker_local and variables is not None:
             worker_local = [state.worker_local.contains(v) for v in variables]
         if state.accumulation is not None:
-            return self._ka_accumulate(grads, apply_fn, worker_local, variables)
-        return self._ka_synchronized_update(variables, grads, apply_fn, worker_local=worker_local)
+            return self._ka_accumulate(grads, update, worker_local, variables)
+        return self._ka_synchronized_update(variables, grads, update, worker_local=worker_local)
 
     def _ka_accumulate(self, grads, apply_fn, worker_local, variables=None):
         """Adds this micro-step's gradient to the accumulators; the micro-step

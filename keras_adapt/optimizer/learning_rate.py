@@ -1,4 +1,14 @@
-"""The user's learning rate and the effective one, read and set on the host."""
+"""The user's learning rate and the effective one, read and set on the host.
+
+The contract, the same on Keras 3 and tf.keras 2: whatever sets the rate
+(``optimizer.learning_rate = x``, ``optimizer.learning_rate.assign(x)``,
+Keras' ``LearningRateScheduler`` and ``ReduceLROnPlateau``, keras-adapt's
+warm-up and schedule callbacks) sets the *base* rate; reading
+``optimizer.learning_rate`` gives the base rate; the optimizer's update
+applies ``base x factor``, the factor of keras-adapt's learning-rate control
+(:class:`~keras_adapt.optimizer.LearningRateControl`), which
+:func:`effective_learning_rate` computes on the host.
+"""
 
 import numpy as np
 
@@ -59,9 +69,11 @@ def set_base_learning_rate(optimizer, value):
     """Sets the learning rate the user configured (the base under
     keras-adapt's learning-rate factor, if any) to the float ``value``.
 
-    For callbacks that own the schedule (Horovod's warm-up and schedule
-    callbacks): the effective rate is then ``value x factor`` on both stacks.
-    A plain Keras optimizer simply gets ``learning_rate = value``.
+    The same as ``optimizer.learning_rate = value``, which sets the base rate
+    on both stacks too (as does Keras' own ``LearningRateScheduler`` or
+    ``ReduceLROnPlateau``): the effective rate is then ``value x factor``.
+    An optimizer created with a ``LearningRateSchedule`` is refused, on both
+    stacks alike.
 
     Example:
 
@@ -73,13 +85,14 @@ def set_base_learning_rate(optimizer, value):
     0.25
     """
     try:
-        if is_distributed(optimizer):
-            optimizer.set_base_learning_rate(float(value))
-        else:
+        refused = is_schedule(_schedule_or_value(optimizer))
+        if not refused:
             optimizer.learning_rate = float(value)
-    except TypeError as exc:
+    except TypeError:  # Keras refused it (a plain Keras 3 optimizer with a schedule)
+        refused = True
+    if refused:
         raise ValueError(
             f"cannot set the learning rate of {type(optimizer).__name__}: it was "
             "created with a LearningRateSchedule. Use either the schedule or a "
             "learning-rate callback, with a float learning rate"
-        ) from exc
+        )
