@@ -4,6 +4,7 @@ import math
 import time
 
 from keras_adapt import _hvd
+from keras_adapt.checks import invalid
 from keras_adapt.perf_model import ThroughputModel
 
 #: The least relative standard error the policies' throughput model gives
@@ -91,8 +92,8 @@ class UpdateTimer:
             throughput_model = ThroughputModel(warmup=1, statistic="median", repeats=True,
                                                min_relative_error=VISIT_ERROR)
         elif not isinstance(throughput_model, ThroughputModel):
-            raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
-                            "keras_adapt.perf_model.ThroughputModel or None")
+            raise invalid("throughput_model", throughput_model, "pass a "
+                          "keras_adapt.perf_model.ThroughputModel or None", error=TypeError)
         #: The :class:`~keras_adapt.perf_model.ThroughputModel` fed by :meth:`observe`.
         self.model = throughput_model
         self._t_begin = None  # perf_counter at the current step's begin
