@@ -3,15 +3,6 @@
 import keras
 
 
-def check_interval(interval, what):
-    """Raises a ``ValueError`` naming a bad ``interval`` (steps between ``what``) and the fix."""
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ValueError(
-            f"interval={interval!r} is not valid; use a positive int, the number "
-            f"of training steps between {what} (e.g. 10)"
-        )
-
-
 def epoch_ender(callbacks):
     """The callback among ``callbacks`` that ends ``fit``'s epochs itself (a
     batch-size policy with ``epoch_end``), or None; a ``ValueError`` when
