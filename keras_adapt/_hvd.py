@@ -10,6 +10,8 @@ import os
 import time
 import warnings
 
+from keras_adapt.checks import check_float, invalid
+
 try:  # pragma: no cover - exercised on both branches by the test matrix
     import horovod.tensorflow as hvd
 except ImportError:
@@ -46,8 +48,8 @@ def collective_delay_ms():
     except ValueError:
         value = -1.0
     if not value >= 0.0:
-        raise ValueError(
-            f"{DELAY_ENV}={raw!r} is not valid; use a number of milliseconds >= 0 "
+        raise invalid(
+            DELAY_ENV, raw, "use a number of milliseconds >= 0 "
             "(for example 20), or unset it"
         )
     return value
@@ -219,12 +221,9 @@ class Reduction:
         self.compression = compression
         self.process_set = process_set
         factor = gradient_predivide_factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-            raise ValueError(
-                f"gradient_predivide_factor={factor!r} is not valid; use a float > 0 "
-                "(1.0: plain average)"
-            )
-        self.gradient_predivide_factor = float(factor)
+        self.gradient_predivide_factor = check_float(
+            "gradient_predivide_factor", factor, low_open=True, finite=False,
+            fix="use a float > 0 (1.0: plain average)")
         if hvd is None:
             if op is not None or compression is not None or process_set is not None:
                 raise ValueError(
@@ -248,15 +247,15 @@ class Reduction:
         if compression is None:
             self.compression = hvd.Compression.none
         elif not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-            raise ValueError(
-                f"compression={compression!r} is not valid; use "
+            raise invalid(
+                "compression", compression, "use "
                 "horovod.tensorflow.Compression.none or Compression.fp16"
             )
         if process_set is None:
             self.process_set = hvd.global_process_set
         elif not isinstance(process_set, hvd.ProcessSet):
-            raise ValueError(
-                f"process_set={process_set!r} is not valid; use a "
+            raise invalid(
+                "process_set", process_set, "use a "
                 "horovod.tensorflow.ProcessSet registered with hvd.init(process_sets=...) "
                 "or hvd.add_process_set(...)"
             )

@@ -51,6 +51,8 @@ import re
 import tempfile
 import warnings
 
+from keras_adapt.checks import check_int
+
 __all__ = [
     "ENV_EXCLUDE_FILE", "ENV_HOSTS", "ENV_HOSTS_FILE", "ENV_TARGET_FILE", "LAST_SUFFIX",
     "cap_hosts", "discover", "exclude_host", "format_hosts", "last_good_path", "parse_excluded",
@@ -130,20 +132,6 @@ def write_atomic(path, text):
         raise
 
 
-def _check_workers(workers, name="workers"):
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        try:
-            import numpy as np
-
-            if isinstance(workers, np.integer):
-                workers = int(workers)
-        except ImportError:  # pragma: no cover
-            pass
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"{name}={workers!r} is not valid; use an int >= 0 (0: no cap)")
-    return workers
-
-
 def write_target(path, workers):
     """Writes the target worker count ``workers`` (0: no cap) to ``path`` atomically.
 
@@ -155,7 +143,8 @@ def write_target(path, workers):
     >>> write_target(path, 4); read_target(path)
     4
     """
-    write_atomic(path, f"{_check_workers(workers)}\n")
+    workers = check_int("workers", workers, 0, fix="use an int >= 0 (0: no cap)")
+    write_atomic(path, f"{workers}\n")
 
 
 def read_target(path):

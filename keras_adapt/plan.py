@@ -57,6 +57,7 @@ import json
 import math
 import numbers
 
+from keras_adapt.checks import check_float, check_int, invalid
 from keras_adapt.formulas.goodput import statistical_efficiency
 from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.record import metadata
@@ -178,8 +179,7 @@ def preemptible_time(work_seconds, workers, revocations_per_hour, checkpoint_sec
                         revocations_per_hour), ("checkpoint_seconds", checkpoint_seconds),
                         ("restart_seconds", restart_seconds)):
         _check_number(name, value, minimum=0.0)
-    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
-        raise ValueError(f"workers={workers!r} is not valid; pass the worker count as an int >= 1")
+    check_int("workers", workers, fix="pass the worker count as an int >= 1")
     work = float(work_seconds)
     if revocations_per_hour == 0:
         return PreemptibleEstimate(work, None, None, 0.0, 0.0)
@@ -550,19 +550,16 @@ def _clean(value):
 
 
 def _check_number(name, value, minimum=0.0, strict=False):
-    label = name
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or value < minimum or (strict and value == minimum):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise PlanError(f"{label}={value!r} is not valid; pass a finite number {bound}")
-    return float(value)
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+    return check_float(name, value, minimum, low_open=strict, fix=f"pass a finite number {bound}",
+                       error=PlanError)
 
 
 def _check_ints(name, values):
     label = name
     if isinstance(values, (str, bytes)) or not values:
-        raise PlanError(f"{label}={values!r} is not valid; pass a non-empty list of ints >= 1, "
-                        "e.g. 1,2,4,8")
+        raise invalid(label, values, "pass a non-empty list of ints >= 1, e.g. 1,2,4,8",
+                      error=PlanError)
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:

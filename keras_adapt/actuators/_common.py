@@ -16,15 +16,3 @@ def retrace(model, actuator):
     ``fit`` has built it already."""
     drop_train_function(model, actuator)
 
-
-def positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer) and value >= 1:
-                return int(value)
-        except ImportError:  # pragma: no cover
-            pass
-        raise ValueError(f"{name}={value!r} is not valid; use a positive int")
-    return int(value)

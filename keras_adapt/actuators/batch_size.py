@@ -6,8 +6,9 @@ import math
 import tensorflow as tf
 
 from keras_adapt import _hvd
-from keras_adapt.actuators._common import distributed_optimizer, positive_int
+from keras_adapt.actuators._common import distributed_optimizer
 from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
+from keras_adapt.checks import check_int
 from keras_adapt.data.fixed_batch import fixed_batch_size
 
 
@@ -61,9 +62,9 @@ class GlobalBatchSize:
     def __init__(self, model, dataset=None, micro_batch_size=None, max_micro_batch_size=None):
         self.optimizer = distributed_optimizer(model, "GlobalBatchSize")
         if micro_batch_size is not None:
-            micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
+            micro_batch_size = check_int("micro_batch_size", micro_batch_size)
         if max_micro_batch_size is not None:
-            max_micro_batch_size = positive_int("max_micro_batch_size", max_micro_batch_size)
+            max_micro_batch_size = check_int("max_micro_batch_size", max_micro_batch_size)
         self.dataset = None
         self._micro = micro_batch_size
         self.max_micro_batch_size = max_micro_batch_size
@@ -155,7 +156,7 @@ class GlobalBatchSize:
         >>> batch.plan(112), batch.plan(112, high=112)   # 128 would pass the bound
         ((32, 4), (32, 3))
         """
-        global_batch = positive_int("global_batch", global_batch)
+        global_batch = check_int("global_batch", global_batch)
         low = 1 if low is None else low
         per_worker = global_batch / self.workers
         if self.dataset is None:

@@ -1,7 +1,8 @@
 """GradientAccumulation: k micro-steps per optimizer update, changeable mid-``fit``."""
 
 from keras_adapt import optimizer as _optimizer
-from keras_adapt.actuators._common import distributed_optimizer, positive_int, retrace
+from keras_adapt.actuators._common import distributed_optimizer, retrace
+from keras_adapt.checks import check_int
 
 
 class GradientAccumulation:
@@ -40,7 +41,7 @@ class GradientAccumulation:
     def __init__(self, model, steps=None):
         optimizer = distributed_optimizer(model, "GradientAccumulation")
         if steps is not None:
-            steps = positive_int("steps", steps)
+            steps = check_int("steps", steps)
         if optimizer.adapt_state.accumulation is None:
             retrace(model, "GradientAccumulation")  # before the path is enabled
         self._state = _optimizer.enable_accumulation(optimizer, steps or 1)
@@ -60,6 +61,6 @@ class GradientAccumulation:
     def set(self, steps):
         """Sets k; takes effect at the next update (a lower k than already
         accumulated applies at the next micro-step)."""
-        steps = positive_int("steps", steps)
+        steps = check_int("steps", steps)
         self._state.steps.assign(steps)
         self._state.steps_value = steps

@@ -1,19 +1,8 @@
 """LearningRateScale: a factor on top of the user's learning rate, with warm-up."""
 
-import math
-
-import numpy as np
-
 from keras_adapt import optimizer as _optimizer
 from keras_adapt.actuators._common import distributed_optimizer, retrace
-
-
-def _check_factor(factor):
-    if isinstance(factor, bool) or not isinstance(factor, (int, float, np.floating)) or not (
-        math.isfinite(float(factor)) and float(factor) > 0.0
-    ):
-        raise ValueError(f"factor={factor!r} is not valid; use a finite float > 0")
-    return float(factor)
+from keras_adapt.checks import check_bool, check_float, check_int
 
 
 class LearningRateScale:
@@ -53,8 +42,7 @@ class LearningRateScale:
     """
 
     def __init__(self, model, use_progress=False):
-        if not isinstance(use_progress, bool):
-            raise TypeError(f"use_progress must be True or False, got {use_progress!r}")
+        check_bool("use_progress", use_progress)
         self._optimizer = distributed_optimizer(model, "LearningRateScale")
         was = self._optimizer.adapt_state.lr_control
         was_progress = was is not None and was.use_progress
@@ -77,10 +65,8 @@ class LearningRateScale:
 
     def set(self, factor, warmup_steps=0):
         """Moves the factor to ``factor``, linearly over ``warmup_steps`` updates."""
-        factor = _check_factor(factor)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, np.integer)) \
-                or warmup_steps < 0:
-            raise ValueError(f"warmup_steps={warmup_steps!r} is not valid; use an int >= 0")
+        factor = check_float("factor", factor, low_open=True)
+        check_int("warmup_steps", warmup_steps, 0)
         now = self._iterations()
         self._state.start.assign(self.factor)
         self._state.target.assign(factor)
@@ -94,7 +80,7 @@ class LearningRateScale:
 
     @gain.setter
     def gain(self, value):
-        self._state.gain.assign(_check_factor(value))
+        self._state.gain.assign(check_float("factor", value, low_open=True))
 
     @property
     def progress(self):

@@ -1,7 +1,7 @@
 """WorkerTarget: asks the job for a number of workers, through ``keras-adapt discover``."""
 
 from keras_adapt import _hvd, discover
-from keras_adapt.actuators._common import positive_int
+from keras_adapt.checks import check_int, invalid
 
 
 class WorkerTarget:
@@ -39,9 +39,8 @@ class WorkerTarget:
     def __init__(self, target_file=None, min_workers=1, max_workers=None):
         self.target_file = discover.input_file(target_file, discover.ENV_TARGET_FILE,
                                                "WorkerTarget", "--target-file")
-        self.min_workers = positive_int("min_workers", min_workers)
-        self.max_workers = None if max_workers is None else positive_int("max_workers",
-                                                                          max_workers)
+        self.min_workers = check_int("min_workers", min_workers)
+        self.max_workers = check_int("max_workers", max_workers, none=True)
         if self.max_workers is not None and self.max_workers < self.min_workers:
             raise ValueError(f"max_workers={max_workers} is below min_workers={min_workers}; "
                              "use min_workers <= max_workers")
@@ -60,12 +59,12 @@ class WorkerTarget:
     def request(self, workers):
         """Asks for ``workers`` workers; returns False when that is the count
         already requested (nothing written), True otherwise."""
-        workers = positive_int("workers", workers)
+        workers = check_int("workers", workers)
         high = "" if self.max_workers is None else f" and <= max_workers={self.max_workers}"
         if workers < self.min_workers or (self.max_workers is not None
                                           and workers > self.max_workers):
-            raise ValueError(f"workers={workers} is not valid; use a count >= min_workers="
-                             f"{self.min_workers}{high}")
+            raise invalid("workers", workers, f"use a count >= min_workers="
+                          f"{self.min_workers}{high}")
         if workers == self._requested:
             return False
         if _hvd.rank() == 0:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import keras
 from keras_adapt import _hvd
+from keras_adapt.checks import check_bool, check_int, check_interval, invalid
 from keras_adapt.optimizer import effective_learning_rate, is_distributed
 from keras_adapt.record import events, metadata, summary
 
@@ -19,24 +20,14 @@ _STATS_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr")
 
 def _check_args(log_dir, update_freq, batch_size, step_times):
     if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
-        raise ValueError(
-            f"log_dir={log_dir!r} is not valid; use a directory path such as "
+        raise invalid(
+            "log_dir", log_dir, "use a directory path such as "
             "'runs/exp1' (one run of TensorBoard's --logdir)"
         )
-    if isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1:
-        raise ValueError(
-            f"update_freq={update_freq!r} is not valid; use a positive int, the "
-            "number of training steps between writes (e.g. 10)"
-        )
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(
-            f"batch_size={batch_size!r} is not valid; use None or a positive int, "
-            "the per-worker batch size passed to fit()"
-        )
-    if not isinstance(step_times, bool):
-        raise TypeError(f"step_times must be True or False, got {step_times!r}")
+    check_interval("update_freq", update_freq, "writes")
+    check_int("batch_size", batch_size, none=True,
+              fix="use None or a positive int, the per-worker batch size passed to fit()")
+    check_bool("step_times", step_times)
 
 
 def _to_float(value):

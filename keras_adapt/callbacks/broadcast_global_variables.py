@@ -3,6 +3,7 @@
 import keras
 
 from keras_adapt import _hvd
+from keras_adapt.checks import check_int
 from keras_adapt.coordination.broadcast import broadcast_variables
 from keras_adapt.optimizer import WorkerLocalVariables, is_distributed, variable_key
 
@@ -84,12 +85,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def __init__(self, root_rank=0, local_variables=None):
         super().__init__()
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
-            raise ValueError(
-                f"root_rank={root_rank!r} is not valid; use a non-negative int "
-                "smaller than the number of workers (usually 0)"
-            )
-        self.root_rank = root_rank
+        self.root_rank = check_int("root_rank", root_rank, 0, fix="use a non-negative int "
+                                   "smaller than the number of workers (usually 0)")
         self._local = WorkerLocalVariables()
         for v in _check_local_variables(local_variables):
             self._local.add(v)

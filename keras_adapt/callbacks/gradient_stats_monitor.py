@@ -5,7 +5,7 @@ import warnings
 import keras
 
 from keras_adapt import _hvd, _train_step
-from keras_adapt.callbacks._common import check_interval
+from keras_adapt.checks import check_interval
 from keras_adapt.optimizer import require_distributed
 
 #: Log keys written by this monitor (docs/design.md#logs-keys).
@@ -50,8 +50,7 @@ class GradientStatsMonitor(keras.callbacks.Callback):
 
     def __init__(self, interval=10):
         super().__init__()
-        check_interval(interval, "reads of the statistics")
-        self.interval = interval
+        self.interval = check_interval("interval", interval, "reads of the statistics")
         # Keras 3 forces a host sync after every step (to turn the logs into
         # python numbers) as soon as one callback has a batch hook that is not
         # async-safe; tf.keras 2 does the same for callbacks that do not take

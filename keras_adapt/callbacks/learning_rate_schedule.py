@@ -1,7 +1,5 @@
 """LearningRateScheduleCallback: Horovod's per-epoch learning-rate multiplier."""
 
-import math
-import numbers
 import warnings
 
 import keras
@@ -9,15 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import optimizer as _optimizer
-
-
-def _check_number(name, value, allow_none=False, minimum=0.0):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or value < minimum:
-        raise ValueError(f"{name}={value!r} is not valid; use a finite number >= {minimum}")
-    return value
+from keras_adapt.checks import check_bool, check_float, check_int
 
 
 def _read(value):
@@ -75,28 +65,17 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
                  momentum_correction=True, steps_per_epoch=None):
         super().__init__()
-        self.initial_lr = _check_number("initial_lr", initial_lr, allow_none=True)
-        if isinstance(start_epoch, bool) or not isinstance(start_epoch, numbers.Integral) \
-                or start_epoch < 0:
-            raise ValueError(f"start_epoch={start_epoch!r} is not valid; use an int >= 0")
-        if end_epoch is not None and (isinstance(end_epoch, bool)
-                                      or not isinstance(end_epoch, numbers.Integral)
-                                      or end_epoch <= start_epoch):
-            raise ValueError(
-                f"end_epoch={end_epoch!r} is not valid; use None or an int > start_epoch "
-                f"({start_epoch})"
-            )
-        for name, value in (("staircase", staircase), ("momentum_correction", momentum_correction)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool)
-                                            or not isinstance(steps_per_epoch, numbers.Integral)
-                                            or steps_per_epoch < 1):
-            raise ValueError(f"steps_per_epoch={steps_per_epoch!r} is not valid; use None or an int >= 1")
+        self.initial_lr = check_float("initial_lr", initial_lr, none=True)
+        check_int("start_epoch", start_epoch, 0)
+        check_int("end_epoch", end_epoch, start_epoch + 1, none=True,
+                  fix=f"use None or an int > start_epoch ({start_epoch})")
+        check_bool("staircase", staircase)
+        check_bool("momentum_correction", momentum_correction)
+        steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, none=True)
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            constant = _check_number("multiplier", multiplier)
+            constant = check_float("multiplier", multiplier)
             self.multiplier = lambda epoch: constant ** (epoch - start_epoch)
         self.start_epoch = int(start_epoch)
         self.end_epoch = None if end_epoch is None else int(end_epoch)

@@ -2,6 +2,7 @@
 
 from keras_adapt import _hvd
 from keras_adapt.callbacks.learning_rate_schedule import LearningRateScheduleCallback
+from keras_adapt.checks import check_choice, check_int
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -37,12 +38,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None,
                  verbose=0):
-        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 1:
-            raise ValueError(f"warmup_epochs={warmup_epochs!r} is not valid; use an int >= 1")
-        if verbose not in (0, 1):
-            raise ValueError(f"verbose={verbose!r} is not valid; use 0 or 1")
-        self.warmup_epochs = warmup_epochs
-        self.verbose = verbose
+        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs)
+        self.verbose = check_choice("verbose", verbose, (0, 1))
 
         def multiplier(epoch):
             size = _hvd.size()

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from keras_adapt import _hvd
 from keras_adapt.checkpointing import CheckpointFiles, epoch_ender
+from keras_adapt.checks import check_float, check_int
 from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.monitors import step_pauses
@@ -19,16 +20,6 @@ from keras_adapt.record import events
 
 # The signals that request a checkpoint and a stop: SIGNALS (SIGTERM, SIGINT);
 # the exit code after the checkpoint: EXIT_CODE (75, EX_TEMPFAIL).
-
-
-def _check_number(name, value, minimum, integer=False, allow_none=False):
-    if value is None and allow_none:
-        return None
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value >= minimum:
-        kind = "an int" if integer else "a number"
-        raise ValueError(f"{name}={value!r} is not valid; use {kind} >= {minimum}")
-    return value
 
 
 def _policies(callbacks):
@@ -129,17 +120,15 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self.files = CheckpointFiles(directory, max_to_keep)
         self.directory = self.files.directory
         self.max_to_keep = self.files.max_to_keep
-        self.deadline_s = _check_number("deadline_s", deadline_s, 0.0, allow_none=True)
-        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
-                                      or not 0 <= exit_code <= 255):
-            raise ValueError(f"exit_code={exit_code!r} is not valid; use an int in [0, 255] "
-                             f"(default {EXIT_CODE}) or None to return from fit")
-        self.exit_code = exit_code
+        self.deadline_s = check_float("deadline_s", deadline_s, finite=False, none=True)
+        self.exit_code = check_int("exit_code", exit_code, 0, 255, none=True,
+                                   fix=f"use an int in [0, 255] (default {EXIT_CODE}) or None to "
+                                       "return from fit")
         if save_freq != "epoch" and save_freq is not None:
-            _check_number("save_freq", save_freq, 1, integer=True)
+            save_freq = check_int("save_freq", save_freq)
         self.save_freq = save_freq
         if check_interval != "auto":
-            _check_number("check_interval", check_interval, 1, integer=True)
+            check_interval = check_int("check_interval", check_interval)
         self.check_interval = check_interval
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")

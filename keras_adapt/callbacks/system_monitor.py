@@ -6,7 +6,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
-from keras_adapt.callbacks._common import CachedLogs, check_interval
+from keras_adapt.callbacks._common import CachedLogs
+from keras_adapt.checks import check_bool, check_interval
 from keras_adapt.monitors.system import SystemSampler
 from keras_adapt.record import metadata
 
@@ -49,11 +50,8 @@ class SystemMonitor(CachedLogs):
 
     def __init__(self, interval=10, gpus=True):
         super().__init__()
-        check_interval(interval, "samples")
-        if not isinstance(gpus, bool):
-            raise TypeError(f"gpus must be True or False, got {gpus!r}")
-        self.interval = interval
-        self.gpus = gpus
+        self.interval = check_interval("interval", interval, "samples")
+        self.gpus = check_bool("gpus", gpus)
         # The sampling and its collective run in on_train_batch_begin, on the
         # training thread in the same order on every worker; the batch-end
         # hook only copies cached floats, so Keras need not sync per step.

@@ -7,20 +7,11 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
-from keras_adapt.callbacks._common import CachedLogs, check_interval
+from keras_adapt.callbacks._common import CachedLogs
+from keras_adapt.checks import check_int, check_interval
 from keras_adapt.record import metadata
 
 _COLUMNS = 5  # rank, steps, step time, wait time, samples per step
-
-
-def _check_batch_size(batch_size):
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(
-            f"batch_size={batch_size!r} is not valid; use None or a positive int, "
-            "the per-worker batch size passed to fit()"
-        )
 
 
 def timing_of(model):
@@ -117,10 +108,10 @@ class WorkerTimingMonitor(CachedLogs):
 
     def __init__(self, interval=10, batch_size=None):
         super().__init__()
-        check_interval(interval, "measurements")
-        _check_batch_size(batch_size)
-        self.interval = interval
-        self.batch_size = batch_size
+        self.interval = check_interval("interval", interval, "measurements")
+        self.batch_size = check_int(
+            "batch_size", batch_size, none=True,
+            fix="use None or a positive int, the per-worker batch size passed to fit()")
         # The collective and the host reads run in on_train_batch_begin, on
         # the training thread in step order on every worker; the batch-end
         # hook only copies cached floats, so Keras need not sync per step.

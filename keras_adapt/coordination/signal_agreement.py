@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from keras_adapt import _hvd
+from keras_adapt.checks import invalid
 
 #: The signals a preempted machine (SIGTERM) or a user (SIGINT, Ctrl-C) sends.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -61,13 +62,12 @@ class SignalAgreement:
 
     def __init__(self, name, signals=SIGNALS, on_signal=None):
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name={name!r} is not valid; use a non-empty string naming the "
-                             "allreduce")
+            raise invalid("name", name, "use a non-empty string naming the allreduce")
         signals = tuple(signals)
         if not signals or not all(isinstance(s, int) and not isinstance(s, bool)
                                   for s in signals):
-            raise ValueError(f"signals={signals!r} is not valid; use signal numbers such as "
-                             "(signal.SIGTERM, signal.SIGINT)")
+            raise invalid("signals", signals, "use signal numbers such as "
+                          "(signal.SIGTERM, signal.SIGINT)")
         if on_signal is not None and not callable(on_signal):
             raise TypeError(f"on_signal must be callable or None, got {on_signal!r}")
         self.name = name

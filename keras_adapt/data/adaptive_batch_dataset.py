@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt.checks import check_int, invalid
 
 
 class AdaptiveBatchDataset:
@@ -105,8 +106,7 @@ class AdaptiveBatchDataset:
 
     @micro_batch_size.setter
     def micro_batch_size(self, value):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"micro_batch_size={value!r} is not valid; use a positive int")
+        check_int("micro_batch_size", value)
         if int(value) > self.shard_size:
             raise ValueError(
                 f"micro_batch_size={value} is larger than this worker's share of the "
@@ -136,8 +136,8 @@ class AdaptiveBatchDataset:
             isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1
             for b in sizes)
         if not ok:
-            raise ValueError(
-                f"rank_micro_batch_sizes={sizes!r} is not valid; use a list of "
+            raise invalid(
+                "rank_micro_batch_sizes", sizes, "use a list of "
                 f"{self.num_workers} positive ints, one per rank")
         if sum(sizes) > self._pass_length():
             raise ValueError(
@@ -333,10 +333,7 @@ class AdaptiveBatchDataset:
                     "same data, seed and shuffle on every worker")
         for name, value in (("num_workers", num_workers), ("rank", rank),
                             ("micro_batch_size", micro_batch_size)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (
-                    0 if name == "rank" else 1):
-                raise ValueError(f"reshard({name}={value!r}) is not valid; use a "
-                                 f"{'non-negative' if name == 'rank' else 'positive'} int")
+            check_int(name, value, 0 if name == "rank" else 1, owner="reshard")
         if rank >= num_workers:
             raise ValueError(f"reshard(rank={rank}) must be in [0, num_workers={num_workers})")
         shard = self.num_samples // num_workers

@@ -6,12 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_adapt import _hvd
-
-
-def _check_micro_batch_size(value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"micro_batch_size={value!r} is not valid; use a positive int")
-    return int(value)
+from keras_adapt.checks import check_bool, check_int, invalid
 
 
 class AdaptiveBatchPipeline:
@@ -86,15 +81,14 @@ class AdaptiveBatchPipeline:
                 f"{type(dataset).__name__}; for in-memory arrays use "
                 "keras_adapt.data.AdaptiveBatchDataset(x, y, ...)"
             )
-        if not isinstance(repeat, bool):
-            raise TypeError(f"repeat must be True or False, got {repeat!r}")
+        check_bool("repeat", repeat)
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or (
                 prefetch < 0 and prefetch != tf.data.AUTOTUNE):
-            raise ValueError(
-                f"prefetch={prefetch!r} is not valid; use an int >= 0 (examples to buffer) "
+            raise invalid(
+                "prefetch", prefetch, "use an int >= 0 (examples to buffer) "
                 "or tf.data.AUTOTUNE"
             )
-        self.initial_micro_batch_size = _check_micro_batch_size(micro_batch_size)
+        self.initial_micro_batch_size = check_int("micro_batch_size", micro_batch_size)
         self.repeat = repeat
         self.prefetch = int(prefetch)
         self._examples = dataset
@@ -112,7 +106,7 @@ class AdaptiveBatchPipeline:
     @micro_batch_size.setter
     def micro_batch_size(self, value):
         # Every rank calls this at the same point: it gathers the start.
-        value = _check_micro_batch_size(value)
+        value = check_int("micro_batch_size", value)
         # The lock holds back the pipeline while the change is agreed, so no
         # batch is formed between choosing its start and recording it.
         with self._lock:

@@ -2,6 +2,7 @@
 
 from keras_adapt.callbacks.preemption_checkpoint import PreemptionCheckpoint
 from keras_adapt.checkpointing import epoch_ender
+from keras_adapt.checks import check_int
 from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.elastic.state_callbacks import (
     CommitStateCallback,
@@ -9,12 +10,6 @@ from keras_adapt.elastic.state_callbacks import (
     UpdateEpochStateCallback,
 )
 from keras_adapt.elastic.leave_on_signal import LeaveOnSignalCallback
-
-
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is not valid; use a positive int")
-    return value
 
 
 def fit(state, data, epochs, steps_per_epoch=None, callbacks=(), **kwargs):
@@ -103,10 +98,10 @@ def fit(state, data, epochs, steps_per_epoch=None, callbacks=(), **kwargs):
             "then fit(state, ds, ...)")
     elif not callable(data):
         raise TypeError(f"data must be a function data(epoch, batch) -> dataset, got {data!r}")
-    epochs = _positive("epochs", epochs)
+    epochs = check_int("epochs", epochs)
     ender = epoch_ender(callbacks)
     if ender is None:
-        steps_per_epoch = _positive("steps_per_epoch", steps_per_epoch)
+        steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch)
     else:
         _check_ender(state, ender, steps_per_epoch)
     for name in ("initial_epoch", "epochs", "steps_per_epoch"):

@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
 
 from keras_adapt import _hvd
 from keras_adapt import optimizer as _optimizer
+from keras_adapt.checks import check_int
 from keras_adapt.coordination import broadcast_variables
 from keras_adapt.elastic.resize_rule import ResizeRule
 from keras_adapt.record import events
@@ -121,8 +122,7 @@ class KerasState(ObjectState):
                 f"optimizer={optimizer!r} is not valid; use a Keras optimizer: compile the model "
                 "with keras_adapt.DistributedOptimizer(...) or pass optimizer=")
         for name, value in (("batch", batch), ("epoch", epoch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} is not valid; use an int >= 0")
+            check_int(name, value, 0)
         self.model = model
         self.optimizer = optimizer
         # keras-adapt's state of the optimizer (None: another optimizer)
@@ -272,8 +272,7 @@ class KerasState(ObjectState):
         (2, 5)
         """
         for name, value in (("epoch", epoch), ("batch", batch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} is not valid; use an int >= 0")
+            check_int(name, value, 0)
         self._snapshot_host()  # keras-adapt's variables and the strategy as restored
         if data_state is not None:
             if self.dataset is None:
@@ -310,9 +309,8 @@ class KerasState(ObjectState):
         >>> out["after"]["lr_factor"], round(state.lr, 6), state.batch_size
         (0.5, 0.05, 8)
         """
-        if isinstance(before, bool) or not isinstance(before, int) or before < 1:
-            raise ValueError(f"before={before!r} is not valid; use the worker count (>= 1) "
-                             "of the run that wrote the checkpoint")
+        check_int("before", before, fix="use the worker count (>= 1) "
+                  "of the run that wrote the checkpoint")
         if before == self.workers:
             return {"before": {}, "after": {}}
         actuator = None if self._adapt_state is None else self._adapt_state.batch_size_actuator

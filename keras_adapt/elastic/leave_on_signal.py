@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
     ) from exc
 
 from keras_adapt import _hvd
+from keras_adapt.checks import check_float, check_int
 from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.record import events
@@ -102,18 +103,13 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         super().__init__()
         if not hasattr(state, "commit"):
             raise TypeError(f"state must be an elastic state (KerasState), got {state!r}")
-        if check_interval != "auto" and (isinstance(check_interval, bool) or not isinstance(
-                check_interval, int) or check_interval < 1):
-            raise ValueError(f"check_interval={check_interval!r} is not valid; use a positive "
-                             "int or 'auto' (the default)")
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not (
-                deadline_s > 0):
-            raise ValueError(f"deadline_s={deadline_s!r} is not valid; use a number of seconds "
-                             "> 0 (the grace period after SIGTERM, e.g. 25)")
-        if isinstance(exit_code, bool) or not isinstance(exit_code, int) or not (
-                1 <= exit_code <= 255):
-            raise ValueError(f"exit_code={exit_code!r} is not valid; use an int in [1, 255] "
-                             f"(default {EXIT_CODE}): with 0 Horovod ends the whole job")
+        if check_interval != "auto":
+            check_interval = check_int("check_interval", check_interval, fix="use a positive "
+                                       "int or 'auto' (the default)")
+        check_float("deadline_s", deadline_s, low_open=True, finite=False, fix="use a number of "
+                    "seconds > 0 (the grace period after SIGTERM, e.g. 25)")
+        check_int("exit_code", exit_code, 1, 255, fix=f"use an int in [1, 255] "
+                  f"(default {EXIT_CODE}): with 0 Horovod ends the whole job")
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         if checkpoint is not None:

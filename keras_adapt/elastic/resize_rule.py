@@ -1,15 +1,10 @@
 """``ResizeRule``: what changes with the number of workers of an elastic job."""
 
 from keras_adapt import optimizer as _optimizer
+from keras_adapt.checks import check_choice, check_int
 from keras_adapt.formulas import scaling_rules
 
 MODES = ("keep", "scale", "none")
-
-
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is not valid; use a positive int")
-    return value
 
 
 class ResizeRule:
@@ -49,20 +44,18 @@ class ResizeRule:
 
     def __init__(self, mode="keep", global_batch=None, batch_size=None, scaling="linear",
                  base_workers=1):
-        if mode not in MODES:
-            raise ValueError(f"mode={mode!r} is not valid; use one of {', '.join(MODES)}")
-        self.mode = mode
-        self.base_workers = _positive("base_workers", base_workers)
+        self.mode = check_choice("mode", mode, MODES)
+        self.base_workers = check_int("base_workers", base_workers)
         self.global_batch = None
         self.batch_size = None
         if mode == "keep":
             if global_batch is None:
                 raise ValueError("mode='keep' needs global_batch=<the global batch to keep>")
-            self.global_batch = _positive("global_batch", global_batch)
+            self.global_batch = check_int("global_batch", global_batch)
         elif mode == "scale":
             if batch_size is None:
                 raise ValueError("mode='scale' needs batch_size=<the per-worker batch>")
-            self.batch_size = _positive("batch_size", batch_size)
+            self.batch_size = check_int("batch_size", batch_size)
         self.scaling = scaling_rules.get(scaling)
 
     @classmethod

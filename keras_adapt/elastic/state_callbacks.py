@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
+from keras_adapt.checks import check_int
 from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.monitors import step_pauses
 from keras_adapt.optimizer import UpdateBoundary
@@ -121,9 +122,9 @@ class CommitStateCallback(keras.callbacks.Callback):
         if not hasattr(state, "commit"):
             raise TypeError(f"state must be an elastic state (KerasState), got {state!r}")
         k = batches_per_commit
-        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"batches_per_commit={k!r} is not valid; use a positive int "
-                             "or 'auto' (the default)")
+        if k != "auto":
+            k = check_int("batches_per_commit", k, fix="use a positive int "
+                          "or 'auto' (the default)")
         self.state = state
         self.checkpoint = None
         self.batches_per_commit = k

@@ -27,14 +27,7 @@ Example:
 
 import math
 
-
-def _check_warmup(warmup_steps):
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(
-            f"warmup_steps={warmup_steps!r} is not valid; use an int >= 0 (the updates "
-            "over which the learning rate ramps to its new value)"
-        )
-    return warmup_steps
+from keras_adapt.checks import check_int
 
 
 class ScalingRule:
@@ -61,7 +54,9 @@ class ScalingRule:
     uses_progress = False
 
     def __init__(self, warmup_steps=0):
-        self.warmup_steps = _check_warmup(warmup_steps)
+        self.warmup_steps = check_int(
+            "warmup_steps", warmup_steps, 0,
+            fix="use an int >= 0 (the updates over which the learning rate ramps to its new value)")
 
     def factor(self, scale, stats=None, base_batch=None):
         """The learning-rate factor for batch scale ``scale = B / B0``."""

@@ -72,9 +72,10 @@ Example:
 import collections
 import dataclasses
 import math
-import numbers
 
 import numpy as np
+
+from keras_adapt.checks import check_bool, check_choice, check_float, check_int, invalid
 
 __all__ = ["MAX_ERROR_RATIO", "MIN_HELDOUT", "MIN_REPEAT_SIGNIFICANCE", "MODELS", "Prediction", "TERMS", "ThroughputFit",
            "ThroughputModel", "design_row"]
@@ -131,9 +132,7 @@ def design_row(batch_size, workers=1, accumulation=1):
 
 
 def _check_count(name, value, what):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}={value!r} is not valid; pass {what} as an int >= 1")
-    return int(value)
+    return check_int(name, value, fix=f"pass {what} as an int >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,23 +521,17 @@ class ThroughputModel:
                  repeats=False, min_relative_error=0.0):
         for name, value, minimum in (("warmup", warmup, 0), ("window", window, 1),
                                      ("min_observations", min_observations, 1)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-                raise ValueError(f"{name}={value!r} is not valid; use an int >= {minimum}")
+            check_int(name, value, minimum)
         if min_observations > window:
             raise ValueError(f"min_observations={min_observations!r} exceeds window={window!r}; "
                              "a configuration could never enter the fit: lower min_observations "
                              "or raise window")
-        if statistic not in ("mean", "median"):
-            raise ValueError(f"statistic={statistic!r} is not valid; use 'mean' or 'median'")
-        if not isinstance(repeats, bool):
-            raise ValueError(f"repeats={repeats!r} is not valid; use True or False")
-        if isinstance(min_relative_error, bool) or not isinstance(min_relative_error, numbers.Real) \
-                or not 0.0 <= min_relative_error < 1.0:
-            raise ValueError(f"min_relative_error={min_relative_error!r} is not valid; pass the "
-                             "least relative standard error of a visit's time as a float in "
-                             "[0, 1), e.g. 0.1 for 10%")
-        self.repeats = repeats
-        self.min_relative_error = float(min_relative_error)
+        check_choice("statistic", statistic, ("mean", "median"))
+        self.repeats = check_bool("repeats", repeats, error=ValueError)
+        self.min_relative_error = check_float(
+            "min_relative_error", min_relative_error, 0.0, 1.0, high_open=True,
+            fix="pass the least relative standard error of a visit's time as a float in [0, 1), "
+                "e.g. 0.1 for 10%")
         self.warmup = int(warmup)
         self.window = int(window)
         self.min_observations = int(min_observations)
@@ -574,11 +567,9 @@ class ThroughputModel:
         b = _check_count("batch_size", batch_size, "the per-worker micro-batch")
         n = _check_count("workers", workers, "the worker count")
         k = _check_count("accumulation", accumulation, "the micro-steps per update")
-        if isinstance(step_time, bool) or not isinstance(step_time, numbers.Real) \
-                or not math.isfinite(step_time) or step_time <= 0:
-            raise ValueError(f"step_time={step_time!r} is not valid; pass the measured seconds of "
-                             "one optimizer update (its micro-steps and the synchronisation) as a "
-                             "finite float > 0")
+        check_float("step_time", step_time, low_open=True, fix="pass the measured seconds of "
+                    "one optimizer update (its micro-steps and the synchronisation) as a "
+                    "finite float > 0")
         config = (b, n, k)
         if config != self._current:
             self._current, self._run = config, 0
@@ -654,8 +645,7 @@ class ThroughputModel:
         {(16, 2, 1): [0.02, 0.021, 0.022]}
         """
         if not isinstance(state, dict) or not isinstance(state.get("configurations"), list):
-            raise ValueError(f"state={state!r} is not valid; pass a dict from "
-                             "ThroughputModel.get_state()")
+            raise invalid("state", state, "pass a dict from ThroughputModel.get_state()")
         times = {}
         for entry in state["configurations"]:
             if not isinstance(entry, (list, tuple)) or len(entry) != 4:

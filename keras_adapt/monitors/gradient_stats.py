@@ -41,6 +41,8 @@ import math
 
 import tensorflow as tf
 
+from keras_adapt.checks import check_float, check_int
+
 _F64 = tf.float64
 
 #: The entries of ``GradientStatistics.averages``, in order: the moving
@@ -154,20 +156,12 @@ class GradientStatistics(tf.Module):
         ...
         ValueError: ema_decay=1.5 is not valid; use a float strictly between 0 and 1 (e.g. 0.99 averages over about 100 steps)
         """
-        if isinstance(ema_decay, bool) or not isinstance(ema_decay, (int, float)) or not (
-            0.0 < float(ema_decay) < 1.0
-        ):
-            raise ValueError(
-                f"ema_decay={ema_decay!r} is not valid; use a float strictly "
-                "between 0 and 1 (e.g. 0.99 averages over about 100 steps)"
-            )
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ValueError(
-                f"batch_size={batch_size!r} is not valid; use a positive int (the "
-                "per-worker batch size) or None to record it from the data"
-            )
+        check_float("ema_decay", ema_decay, 0.0, 1.0, low_open=True, high_open=True,
+                    fix="use a float strictly between 0 and 1 (e.g. 0.99 averages over about "
+                        "100 steps)")
+        check_int("batch_size", batch_size, none=True,
+                  fix="use a positive int (the per-worker batch size) or None to record it "
+                      "from the data")
         _check_interval(interval)
 
     def set_interval(self, interval):
@@ -377,9 +371,6 @@ class GradientStatistics(tf.Module):
 
 
 def _check_interval(interval):
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ValueError(
-            f"stats_interval={interval!r} is not valid; use a positive int: the "
-            "statistics are measured on one optimizer update in that many "
-            "(1 measures every update)"
-        )
+    return check_int("stats_interval", interval, fix="use a positive int: the "
+                     "statistics are measured on one optimizer update in that many "
+                     "(1 measures every update)")

@@ -10,6 +10,8 @@ import logging
 import math
 import time
 
+from keras_adapt.checks import check_bool
+
 _LOG = logging.getLogger("keras_adapt")
 _MB = 1e6
 
@@ -57,8 +59,7 @@ class SystemSampler:
     """
 
     def __init__(self, gpus=True):
-        if not isinstance(gpus, bool):
-            raise TypeError(f"gpus must be True or False, got {gpus!r}")
+        check_bool("gpus", gpus)
         import psutil
 
         self._psutil = psutil

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from keras_adapt import _hvd
 from keras_adapt._traced_option import TracedOption
+from keras_adapt.checks import invalid
 
 #: Environment variable of the slow-rank test hook (see :func:`slow_rank`).
 SLOW_RANK_ENV = "KERAS_ADAPT_SLOW_RANK"
@@ -66,8 +67,8 @@ def slow_rank():
     except ValueError:
         rank, factor = -1, math.nan
     if not sep or rank < 0 or not (math.isfinite(factor) and factor >= 1.0):
-        raise ValueError(
-            f"{SLOW_RANK_ENV}={raw!r} is not valid; use <rank>:<factor> with a rank "
+        raise invalid(
+            SLOW_RANK_ENV, raw, "use <rank>:<factor> with a rank "
             "of this job and a factor >= 1 (for example 1:3 makes rank 1 three times "
             "slower), or unset it"
         )

@@ -27,6 +27,8 @@ import warnings
 
 import tensorflow as tf
 
+from keras_adapt.checks import check_choice
+
 ENV_IMPL = "KERAS_ADAPT_OPS"
 ENV_LIBRARY = "KERAS_ADAPT_OPS_LIBRARY"
 _CHOICES = ("auto", "native", "twin")
@@ -52,11 +54,7 @@ def _library_path():
 def requested_implementation():
     """The implementation asked for by ``KERAS_ADAPT_OPS`` (validated)."""
     choice = os.environ.get(ENV_IMPL, "auto").strip().lower() or "auto"
-    if choice not in _CHOICES:
-        raise ValueError(
-            f"{ENV_IMPL}={choice!r} is not valid; use one of {', '.join(_CHOICES)}"
-        )
-    return choice
+    return check_choice(ENV_IMPL, choice, _CHOICES, fix=f"use one of {', '.join(_CHOICES)}")
 
 
 def load():

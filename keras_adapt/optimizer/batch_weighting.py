@@ -20,6 +20,7 @@ off, nor in a job of one worker.
 import tensorflow as tf
 
 from keras_adapt._traced_option import TracedOption
+from keras_adapt.checks import invalid
 
 
 class BatchWeighting(TracedOption):
@@ -57,7 +58,7 @@ class BatchWeighting(TracedOption):
         """Sets r (> 0); every worker must set the same value."""
         value = float(value)
         if not value > 0.0:
-            raise ValueError(f"reference={value!r} is not valid; use a batch size > 0")
+            raise invalid("reference", value, "use a batch size > 0")
         self.reference.assign(value)
 
     def scale(self, grads, batch):

@@ -1,35 +1,16 @@
 """AdaptationPolicy: the base class of every policy (a Keras callback)."""
 
 import json
-import math
 import os
 
 import keras
 
 from keras_adapt import _hvd, _train_step
+from keras_adapt.checks import check_int, invalid
 from keras_adapt.optimizer import UpdateBoundary, require_distributed
 from keras_adapt.record import events
 
 _STAT_KEYS = ("gns", "grad_sqr", "grad_var", "grad_snr", "updates", "covered_updates")
-
-
-def _check_positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is not valid; use an int >= {minimum}")
-    return value
-
-
-def _check_float(name, value, positive=False, high=math.inf, fix=None):
-    """``value`` as a float if it is a finite number >= 0 (> 0 with
-    ``positive``) and <= ``high``; otherwise a ValueError naming it and
-    saying what to use (``fix``, or the range)."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0) or value > high:
-        if fix is None:
-            fix = f"a finite float {'> 0' if positive else '>= 0'}"
-            fix += f" and <= {high:g}" if high < math.inf else ""
-        raise ValueError(f"{name}={value!r} is not valid; use {fix}")
-    return float(value)
 
 
 def _short(value):
@@ -133,14 +114,13 @@ class AdaptationPolicy(keras.callbacks.Callback):
 
     def __init__(self, interval=10, log_dir=None, verbose=0):
         super().__init__()
-        self.interval = _check_positive_int("interval", interval)
+        self.interval = check_int("interval", interval)
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         if verbose not in (0, 1) or not isinstance(verbose, (int, bool)):
-            raise ValueError(
-                f"verbose={verbose!r} is not valid; use 0 (silent) or 1 (print each "
-                "decision on rank 0)")
+            raise invalid("verbose", verbose, "use 0 (silent) or 1 (print each decision on "
+                          "rank 0)")
         self.verbose = int(verbose)
         #: Every event this policy recorded, in order (on every rank).
         self.events = []

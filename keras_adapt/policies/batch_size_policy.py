@@ -3,9 +3,10 @@
 import warnings
 
 from keras_adapt.actuators import GlobalBatchSize
+from keras_adapt.checks import check_int, invalid
 from keras_adapt.formulas import scaling_rules
 from keras_adapt.policies._lr_follower import LRFollower
-from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
+from keras_adapt.policies.base import AdaptationPolicy
 from keras_adapt.policies.progress import COUNTS, TrainingProgress
 
 
@@ -77,26 +78,26 @@ class BatchSizePolicy(AdaptationPolicy):
                  max_micro_batch_size=None, scaling_rule=None, base_batch=None,
                  epoch_end=None, samples_per_epoch=None, interval=10, log_dir=None, verbose=0):
         super().__init__(interval=interval, log_dir=log_dir, verbose=verbose)
-        self.min_batch = _check_positive_int("min_batch", min_batch)
-        self.max_batch = _check_positive_int("max_batch", max_batch)
+        self.min_batch = check_int("min_batch", min_batch)
+        self.max_batch = check_int("max_batch", max_batch)
         if min_batch > max_batch:
             raise ValueError(
                 f"min_batch={min_batch} is larger than max_batch={max_batch}; "
                 "min_batch must be <= max_batch"
             )
         if micro_batch_size is not None:
-            _check_positive_int("micro_batch_size", micro_batch_size)
+            check_int("micro_batch_size", micro_batch_size)
         if max_micro_batch_size is not None:
-            _check_positive_int("max_micro_batch_size", max_micro_batch_size)
+            check_int("max_micro_batch_size", max_micro_batch_size)
         if base_batch is not None:
-            _check_positive_int("base_batch", base_batch)
+            check_int("base_batch", base_batch)
         if epoch_end is not None and epoch_end not in COUNTS:
-            raise ValueError(
-                f"epoch_end={epoch_end!r} is not valid; use None (fit's own epochs), "
+            raise invalid(
+                "epoch_end", epoch_end, "use None (fit's own epochs), "
                 "'samples' (one pass over the data) or 'progress' (one pass's worth of "
                 "statistical progress)")
         if samples_per_epoch is not None:
-            _check_positive_int("samples_per_epoch", samples_per_epoch)
+            check_int("samples_per_epoch", samples_per_epoch)
         elif epoch_end is not None and getattr(dataset, "samples_per_pass", None) is None:
             raise ValueError(
                 f"epoch_end={epoch_end!r} needs the samples of one epoch: pass "

@@ -2,8 +2,8 @@
 
 import math
 
+from keras_adapt.checks import check_bool, check_float, check_int
 from keras_adapt.formulas.goodput import goodput_gain
-from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 from keras_adapt.policies.update_timer import UpdateTimer
 
@@ -136,18 +136,17 @@ class GNSBatchSizePolicy(BatchSizePolicy):
                  sample_budget=None, min_updates_left=300, scaling_rule="linear",
                  price_step_times=False, confidence=2.0, throughput_model=None, **kwargs):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
-        if not isinstance(price_step_times, bool):
-            raise TypeError(f"price_step_times must be True or False, got {price_step_times!r}")
+        check_bool("price_step_times", price_step_times)
         if throughput_model is not None and not price_step_times:
             raise ValueError(
                 f"throughput_model={throughput_model!r} is only used with "
                 "price_step_times=True; drop it, or set price_step_times=True")
         self.price_step_times = price_step_times
-        self.confidence = _check_float("confidence", confidence)
+        self.confidence = check_float("confidence", confidence)
         if price_step_times:
             self.update_timer = UpdateTimer(throughput_model)
         self.sample_budget = (None if sample_budget is None
-                              else _check_positive_int("sample_budget", sample_budget))
+                              else check_int("sample_budget", sample_budget))
         if self.sample_budget is not None and self.epoch_end == "progress":
             raise ValueError(
                 f"sample_budget={sample_budget} caps the batch by samples, but with "
@@ -155,14 +154,12 @@ class GNSBatchSizePolicy(BatchSizePolicy):
                 "update adds at most (noise scale + base batch) of it, whatever the batch: "
                 "the end of the schedule keeps its updates without a cap. Pass "
                 "sample_budget=None, or epoch_end='samples' to keep a budget in samples")
-        self.min_updates_left = _check_positive_int("min_updates_left", min_updates_left)
-        self.gns_multiple = _check_float("gns_multiple", gns_multiple, positive=True)
-        self.hysteresis = _check_float("hysteresis", hysteresis)
-        self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
-        self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
-        if not isinstance(allow_decrease, bool):
-            raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
-        self.allow_decrease = allow_decrease
+        self.min_updates_left = check_int("min_updates_left", min_updates_left)
+        self.gns_multiple = check_float("gns_multiple", gns_multiple, low_open=True)
+        self.hysteresis = check_float("hysteresis", hysteresis)
+        self.min_change_interval = check_int("min_change_interval", min_change_interval, 0)
+        self.warmup_updates = check_int("warmup_updates", warmup_updates, 0)
+        self.allow_decrease = check_bool("allow_decrease", allow_decrease)
 
     def budget_cap(self):
         """The largest global batch that leaves ``min_updates_left`` updates in

@@ -3,8 +3,8 @@
 import dataclasses
 import math
 
+from keras_adapt.checks import check_float, check_int
 from keras_adapt.formulas.goodput import default_min_efficiency, examples_efficiency, goodput_gain
-from keras_adapt.policies.base import _check_float, _check_positive_int
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 from keras_adapt.policies.update_timer import UpdateTimer
 
@@ -160,15 +160,15 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
         if min_efficiency is None:
             min_efficiency = default_min_efficiency(self.epoch_end)
-        self.min_efficiency = _check_float(
-            "min_efficiency", min_efficiency, positive=True, high=1.0,
-            fix="a fraction in (0, 1], e.g. 0.5, or None for the default of the epochs' "
+        self.min_efficiency = check_float(
+            "min_efficiency", min_efficiency, 0.0, 1.0, low_open=True,
+            fix="use a fraction in (0, 1], e.g. 0.5, or None for the default of the epochs' "
                 "count (0 would let the batch grow without bound)")
-        self.hysteresis = _check_float("hysteresis", hysteresis)
-        self.confidence = _check_float("confidence", confidence)
-        self.min_change_interval = _check_positive_int("min_change_interval", min_change_interval, 0)
-        self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
-        self.candidates_per_doubling = _check_positive_int(
+        self.hysteresis = check_float("hysteresis", hysteresis)
+        self.confidence = check_float("confidence", confidence)
+        self.min_change_interval = check_int("min_change_interval", min_change_interval, 0)
+        self.warmup_updates = check_int("warmup_updates", warmup_updates, 0)
+        self.candidates_per_doubling = check_int(
             "candidates_per_doubling", candidates_per_doubling)
         self.update_timer = UpdateTimer(throughput_model)
 

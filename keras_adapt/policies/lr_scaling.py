@@ -1,9 +1,10 @@
 """LRScalingPolicy: keeps the learning rate consistent with the global batch."""
 
 from keras_adapt.actuators import GlobalBatchSize
+from keras_adapt.checks import check_int
 from keras_adapt.formulas import scaling_rules
 from keras_adapt.policies._lr_follower import LRFollower
-from keras_adapt.policies.base import AdaptationPolicy, _check_positive_int
+from keras_adapt.policies.base import AdaptationPolicy
 from keras_adapt.record import events
 
 
@@ -49,11 +50,11 @@ class LRScalingPolicy(AdaptationPolicy):
         super().__init__(interval=interval, log_dir=log_dir, verbose=verbose)
         self.rule = scaling_rules.get(rule)
         if base_batch is not None:
-            _check_positive_int("base_batch", base_batch)
+            check_int("base_batch", base_batch)
         self.base_batch = base_batch
-        self.base_workers = _check_positive_int("base_workers", base_workers)
+        self.base_workers = check_int("base_workers", base_workers)
         if micro_batch_size is not None:
-            _check_positive_int("micro_batch_size", micro_batch_size)
+            check_int("micro_batch_size", micro_batch_size)
         self.micro_batch_size = micro_batch_size
         self.dataset = dataset
         self.batch = None

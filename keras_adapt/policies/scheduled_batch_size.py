@@ -1,6 +1,6 @@
 """ScheduledBatchSizePolicy: grow the batch on a schedule instead of decaying the LR."""
 
-from keras_adapt.policies.base import _check_positive_int
+from keras_adapt.checks import check_int, invalid
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
 
 
@@ -30,15 +30,15 @@ class ScheduledBatchSizePolicy(BatchSizePolicy):
 
     def __init__(self, schedule, min_batch=1, max_batch=None, **kwargs):
         if not isinstance(schedule, dict) or not schedule:
-            raise ValueError(
-                f"schedule={schedule!r} is not valid; use a non-empty dict "
+            raise invalid(
+                "schedule", schedule, "use a non-empty dict "
                 "{epoch: global_batch}, e.g. {30: 1024, 60: 4096}"
             )
         clean = {}
         for epoch, batch in schedule.items():
             epoch = int(epoch) if isinstance(epoch, str) and epoch.isdigit() else epoch
-            _check_positive_int("schedule epoch", epoch, 0)
-            clean[epoch] = _check_positive_int(f"schedule[{epoch}]", batch)
+            check_int("schedule epoch", epoch, 0)
+            clean[epoch] = check_int(f"schedule[{epoch}]", batch)
         if max_batch is None:
             max_batch = max(clean.values())
         super().__init__(min_batch, max_batch, **kwargs)

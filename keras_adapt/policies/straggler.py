@@ -5,7 +5,8 @@ import statistics
 import warnings
 
 from keras_adapt import _hvd
-from keras_adapt.policies.base import AdaptationPolicy, _check_float, _check_positive_int
+from keras_adapt.checks import check_choice, check_float, check_int, invalid
+from keras_adapt.policies.base import AdaptationPolicy
 
 
 def slow_ranks(compute_times, threshold):
@@ -193,20 +194,19 @@ class StragglerPolicy(AdaptationPolicy):
         from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 
         if not isinstance(monitor, WorkerTimingMonitor):
-            raise TypeError(
-                f"monitor={monitor!r} is not valid; pass the WorkerTimingMonitor of the "
+            raise invalid(
+                "monitor", monitor, "pass the WorkerTimingMonitor of the "
                 "same fit, e.g. m = WorkerTimingMonitor(10); StragglerPolicy(m), "
-                "callbacks=[m, policy]"
+                "callbacks=[m, policy]", error=TypeError
             )
         super().__init__(interval=monitor.interval if interval is None else interval,
                          log_dir=log_dir, verbose=verbose)
         self.monitor = monitor
-        self.warmup_s = _check_float("warmup_s", warmup_s, fix="seconds >= 0 (e.g. 30)")
-        self.threshold = _check_float("threshold", threshold, positive=True,
-                                      fix="a fraction > 0 (e.g. 0.067 for 6.7 %)")
-        self.patience = _check_positive_int("patience", patience)
-        if action not in ACTIONS:
-            raise ValueError(f"action={action!r} is not valid; use one of {ACTIONS}")
+        self.warmup_s = check_float("warmup_s", warmup_s, fix="use seconds >= 0 (e.g. 30)")
+        self.threshold = check_float("threshold", threshold, low_open=True,
+                                     fix="use a fraction > 0 (e.g. 0.067 for 6.7 %)")
+        self.patience = check_int("patience", patience)
+        check_choice("action", action, ACTIONS)
         if action == "rebalance" and not hasattr(dataset, "rank_micro_batch_sizes"):
             raise ValueError(
                 f"action='rebalance' needs the AdaptiveBatchDataset that feeds fit "
@@ -228,7 +228,7 @@ class StragglerPolicy(AdaptationPolicy):
         if action == "exclude":
             from keras_adapt.actuators import HostExclusion
 
-            self.min_workers = _check_positive_int(
+            self.min_workers = check_int(
                 "min_workers", 1 if min_workers is None else min_workers)
             self.exclusion = HostExclusion(exclude_file)
         self._reset()

@@ -2,8 +2,9 @@
 
 import math
 
+from keras_adapt.checks import check_float, check_int
 from keras_adapt.optimizer import base_learning_rate
-from keras_adapt.policies.base import AdaptationPolicy, _check_float, _check_positive_int
+from keras_adapt.policies.base import AdaptationPolicy
 from keras_adapt.sync import STRATEGIES, AllReduceSGD, LocalSGD, SyncStrategy
 
 
@@ -178,14 +179,12 @@ class SyncStrategyPolicy(AdaptationPolicy):
         # H_max; a strategy without a period is "H >= 2".
         self.max_period = local.params().get("period", 2)
         if noise_scale is not None:
-            noise_scale = _check_float("noise_scale", noise_scale, positive=True)
+            noise_scale = check_float("noise_scale", noise_scale, low_open=True)
         self.noise_scale = noise_scale
-        self.hysteresis = _check_float("hysteresis", hysteresis)
+        self.hysteresis = check_float("hysteresis", hysteresis)
         if comm_fraction is not None:
-            comm_fraction = _check_float("comm_fraction", comm_fraction, positive=True)
-            if comm_fraction >= 1:
-                raise ValueError(f"comm_fraction={comm_fraction!r} is not valid; use a "
-                                 "fraction in (0, 1) or None")
+            comm_fraction = check_float("comm_fraction", comm_fraction, 0.0, 1.0, low_open=True,
+                                        high_open=True, fix="use a fraction in (0, 1) or None")
         self.comm_fraction = comm_fraction
         if timing is not None and not callable(getattr(timing, "result", None)):
             raise TypeError(f"timing={timing!r} has no result() method; pass a "
@@ -193,22 +192,20 @@ class SyncStrategyPolicy(AdaptationPolicy):
                             "{'comm_fraction': ...}) or None")
         self.timing = timing
         if decay_ratio is not None:
-            decay_ratio = _check_float("decay_ratio", decay_ratio, positive=True)
-            if decay_ratio <= 1:
-                raise ValueError(f"decay_ratio={decay_ratio!r} is not valid; use a number > 1 "
-                                 "(2 = after the learning rate halved) or None")
+            decay_ratio = check_float("decay_ratio", decay_ratio, 1.0, low_open=True,
+                                      fix="use a number > 1 (2 = after the learning rate "
+                                          "halved) or None")
         self.decay_ratio = decay_ratio
         if decay_period is not None:
-            decay_period = _check_positive_int("decay_period", decay_period, 2)
+            decay_period = check_int("decay_period", decay_period, 2)
             if decay_period > self.max_period:
                 raise ValueError(f"decay_period={decay_period!r} exceeds the local strategy's "
                                  f"period {self.max_period} (the largest H); use at most "
                                  f"{self.max_period} or a local strategy with a longer period")
         self.decay_period = decay_period
-        self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
-        self.patience = _check_positive_int("patience", patience)
-        self.min_switch_interval = _check_positive_int("min_switch_interval",
-                                                       min_switch_interval, 0)
+        self.warmup_updates = check_int("warmup_updates", warmup_updates, 0)
+        self.patience = check_int("patience", patience)
+        self.min_switch_interval = check_int("min_switch_interval", min_switch_interval, 0)
         self._reset_decisions()
 
     def _reset_decisions(self):

@@ -1,10 +1,10 @@
 """UpdateTimer: times a policy's optimizer updates and feeds a ThroughputModel."""
 
-import math
 import threading
 import time
 
 from keras_adapt import _hvd
+from keras_adapt.checks import invalid
 from keras_adapt.formulas.goodput import step_time_ratio
 from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.monitors import step_pauses
@@ -83,11 +83,11 @@ class UpdateTimer:
             throughput_model = ThroughputModel(warmup=1, statistic="median", repeats=True,
                                                min_relative_error=VISIT_ERROR)
         elif not isinstance(throughput_model, ThroughputModel):
-            raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
-                            "keras_adapt.formulas.throughput.ThroughputModel or None")
+            raise invalid("throughput_model", throughput_model, "pass a "
+                          "keras_adapt.formulas.throughput.ThroughputModel or None", error=TypeError)
         if not callable(clock):
-            raise TypeError(f"clock={clock!r} is not valid; pass a function returning seconds, "
-                            "such as time.perf_counter")
+            raise invalid("clock", clock, "pass a function returning seconds, such as "
+                          "time.perf_counter", error=TypeError)
         #: The :class:`~keras_adapt.formulas.throughput.ThroughputModel` fed by :meth:`observe`.
         self.model = throughput_model
         #: Updates not timed so far (marked, paused on another thread, or at an epoch's end).

@@ -14,7 +14,8 @@ import statistics
 
 from keras_adapt import _hvd
 from keras_adapt.actuators import WorkerTarget
-from keras_adapt.policies.base import AdaptationPolicy, _check_float, _check_positive_int
+from keras_adapt.checks import check_bool, check_float, check_int, invalid
+from keras_adapt.policies.base import AdaptationPolicy
 
 
 class ResizePolicy(AdaptationPolicy):
@@ -57,13 +58,12 @@ class ResizePolicy(AdaptationPolicy):
     def __init__(self, min_workers, max_workers, target_file=None, min_change_interval=0,
                  interval=10, log_dir=None, verbose=0):
         super().__init__(interval=interval, log_dir=log_dir, verbose=verbose)
-        self.min_workers = _check_positive_int("min_workers", min_workers)
-        self.max_workers = _check_positive_int("max_workers", max_workers)
+        self.min_workers = check_int("min_workers", min_workers)
+        self.max_workers = check_int("max_workers", max_workers)
         if min_workers > max_workers:
             raise ValueError(f"min_workers={min_workers} is larger than max_workers="
                              f"{max_workers}; use min_workers <= max_workers")
-        self.min_change_interval = _check_positive_int("min_change_interval",
-                                                       min_change_interval, 0)
+        self.min_change_interval = check_int("min_change_interval", min_change_interval, 0)
         self.target = WorkerTarget(target_file, min_workers=min_workers, max_workers=max_workers)
         self._last_request = None  # update of the last request
         self._pending = None  # the count asked for and not yet reached
@@ -89,11 +89,11 @@ class ResizePolicy(AdaptationPolicy):
         added to the event's ``before`` and ``after``. Raises ``ValueError``
         for a count outside ``[min_workers, max_workers]``.
         """
-        workers = _check_positive_int("workers", workers)
+        workers = check_int("workers", workers)
         if not self.min_workers <= workers <= self.max_workers:
-            raise ValueError(f"workers={workers} is not valid; {type(self).__name__} asks for "
-                             f"{self.min_workers} to {self.max_workers} workers "
-                             "(min_workers, max_workers)")
+            raise invalid("workers", workers, f"{type(self).__name__} asks for "
+                          f"{self.min_workers} to {self.max_workers} workers "
+                          "(min_workers, max_workers)")
         current, pending = self.workers, self.pending
         if workers == (current if pending is None else pending):
             return None
@@ -226,28 +226,26 @@ class ThroughputScalingPolicy(ResizePolicy):
                  min_change_interval=0, interval=None, log_dir=None, verbose=0):
         if not (callable(getattr(monitor, "new_measurement", None))
                 and hasattr(monitor, "measurements")):
-            raise TypeError(
-                f"monitor={monitor!r} is not valid; pass the WorkerTimingMonitor of the same "
+            raise invalid(
+                "monitor", monitor, "pass the WorkerTimingMonitor of the same "
                 "fit, e.g. m = WorkerTimingMonitor(10); ThroughputScalingPolicy(1, 4, m), "
-                "callbacks=[m, policy]")
+                "callbacks=[m, policy]", error=TypeError)
         if interval is None:
             interval = getattr(monitor, "interval", 10)
         super().__init__(min_workers, max_workers, target_file=target_file,
                          min_change_interval=min_change_interval, interval=interval,
                          log_dir=log_dir, verbose=verbose)
         self.monitor = monitor
-        self.efficiency = _check_float("efficiency", efficiency, positive=True)
-        if self.efficiency > 1.0:
-            raise ValueError(f"efficiency={efficiency!r} is not valid; use a fraction in (0, 1] "
-                             "(0.8: an added worker must add 80% of a worker's throughput)")
-        self.warmup_measurements = _check_positive_int("warmup_measurements",
-                                                       warmup_measurements, 0)
-        self.patience = _check_positive_int("patience", patience)
-        self.window = _check_positive_int("window", window)
+        self.efficiency = check_float("efficiency", efficiency, 0.0, 1.0, low_open=True,
+                                      fix="use a fraction in (0, 1] (0.8: an added worker "
+                                          "must add 80% of a worker's throughput)")
+        self.warmup_measurements = check_int("warmup_measurements", warmup_measurements, 0)
+        self.patience = check_int("patience", patience)
+        self.window = check_int("window", window)
         if throughput_model is not None and not callable(
                 getattr(throughput_model, "predict_throughput", None)):
-            raise TypeError(f"throughput_model={throughput_model!r} is not valid; pass a "
-                            "keras_adapt.formulas.throughput.ThroughputModel or None")
+            raise invalid("throughput_model", throughput_model, "pass a "
+                          "keras_adapt.formulas.throughput.ThroughputModel or None", error=TypeError)
         self.throughput_model = throughput_model
         #: ``{workers: [samples/s, ...]}``: the kept measurements per worker count.
         self.throughput = {}
@@ -442,14 +440,12 @@ class GNSWorkerScalingPolicy(ResizePolicy):
                          min_change_interval=min_change_interval, interval=interval,
                          log_dir=log_dir, verbose=verbose)
         if per_worker_batch is not None:
-            per_worker_batch = _check_positive_int("per_worker_batch", per_worker_batch)
+            per_worker_batch = check_int("per_worker_batch", per_worker_batch)
         self.per_worker_batch = per_worker_batch
-        self.hysteresis = _check_float("hysteresis", hysteresis)
-        self.patience = _check_positive_int("patience", patience)
-        self.warmup_updates = _check_positive_int("warmup_updates", warmup_updates, 0)
-        if not isinstance(allow_decrease, bool):
-            raise TypeError(f"allow_decrease must be True or False, got {allow_decrease!r}")
-        self.allow_decrease = allow_decrease
+        self.hysteresis = check_float("hysteresis", hysteresis)
+        self.patience = check_int("patience", patience)
+        self.warmup_updates = check_int("warmup_updates", warmup_updates, 0)
+        self.allow_decrease = check_bool("allow_decrease", allow_decrease)
         self._measurement = None  # the statistics' measurement count at the last check
         self._global_batch = math.nan
 

@@ -46,6 +46,8 @@ import math
 import numbers
 import time
 
+from keras_adapt.checks import invalid
+
 __all__ = [
     "content_version", "create_summary_metadata", "event_to_json", "latest_datums",
     "make_event", "parse_event_line", "parse_system_tag", "parse_worker_time_tag",
@@ -244,8 +246,8 @@ def _check(field, value):
         "dict": isinstance(value, dict),
     }[kind]
     if not ok:
-        raise ValueError(
-            f"adaptation event field {field!r}={value!r} is not valid; it must be "
+        raise invalid(
+            f"adaptation event field {field!r}", value, "it must be "
             f"a{'n' if kind == 'int' else ''} {kind}"
         )
 
@@ -430,7 +432,7 @@ def create_summary_metadata(data_class="scalar", description=""):
         md.data_class = summary_pb2.DATA_CLASS_SCALAR
         return md
     if data_class != "tensor":
-        raise ValueError(f"data_class={data_class!r} is not valid; use 'scalar' or 'tensor'")
+        raise invalid("data_class", data_class, "use 'scalar' or 'tensor'")
     return summary_pb2.SummaryMetadata(
         summary_description=description,
         plugin_data=summary_pb2.SummaryMetadata.PluginData(

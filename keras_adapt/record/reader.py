@@ -26,6 +26,7 @@ import json
 import logging
 import math
 
+from keras_adapt.checks import check_int
 from keras_adapt.record import metadata
 
 __all__ = ["annotate", "downsample", "list_runs", "read_events", "read_series",
@@ -74,8 +75,7 @@ def downsample(points, max_points):
     >>> [p[0] for p in downsample([(s, 0, float(s == 50)) for s in range(101)], 4)]
     [0, 1, 50, 100]
     """
-    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
-        raise ValueError(f"max_points={max_points!r} is not valid; use an int >= 2")
+    check_int("max_points", max_points, 2)
     n = len(points)
     if n <= max_points:
         return list(points)

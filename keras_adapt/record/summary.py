@@ -35,6 +35,7 @@ import threading
 
 import tensorflow as tf
 
+from keras_adapt.checks import invalid
 from keras_adapt.record import metadata
 
 __all__ = ["EventWriter", "events", "is_writable_number", "scalar", "step_time"]
@@ -48,8 +49,8 @@ def _result(written):
 def _tag(name):
     """``"gns"`` -> ``"adapt/gns"``; a full ``adapt/...`` tag passes through."""
     if not isinstance(name, str) or not name:
-        raise ValueError(
-            f"name={name!r} is not valid; use a logs key such as "
+        raise invalid(
+            "name", name, "use a logs key such as "
             f"{', '.join(sorted(metadata.SCALAR_TAGS))} or a tag starting with "
             f"{metadata.TAG_PREFIX!r}"
         )
@@ -144,8 +145,8 @@ def events(records, step=None):
     True
     """
     if isinstance(records, dict) or not isinstance(records, (list, tuple)) or not records:
-        raise ValueError(
-            f"records={records!r} is not valid; pass a non-empty list of event records "
+        raise invalid(
+            "records", records, "pass a non-empty list of event records "
             "(all of one step)"
         )
     texts = [_check_record(r) for r in records]

@@ -3,25 +3,6 @@
 import tensorflow as tf
 
 
-def _check_int(owner, name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}({name}={value!r}) is not valid; use an int >= {minimum}")
-    return value
-
-
-def _check_float(owner, name, value, low, high=None, low_open=False):
-    """``value`` as a float if ``low <= value`` (``<`` with ``low_open``) and
-    ``value <= high`` (no upper bound if ``high`` is None), else a clear error."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    if ok:
-        ok = (low < value if low_open else low <= value) and (high is None or value <= high)
-    if not ok:
-        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}"
-        interval += "]" if high is not None else ")"
-        raise ValueError(f"{owner}({name}={value!r}) is not valid; use a number in {interval}")
-    return float(value)
-
-
 class SyncStrategy:
     """Base class of the synchronisation strategies.
 

@@ -2,8 +2,9 @@
 
 import tensorflow as tf
 
+from keras_adapt.checks import check_bool, check_float, check_int
 from keras_adapt.record import metadata
-from keras_adapt.sync.base import SyncStrategy, _check_float, _check_int
+from keras_adapt.sync.base import SyncStrategy
 
 
 class BlockMomentum(SyncStrategy):
@@ -45,17 +46,12 @@ class BlockMomentum(SyncStrategy):
     index = metadata.SYNC_STRATEGIES.index(name)
 
     def __init__(self, period=8, block_lr=1.0, block_momentum=0.5, nesterov=True):
-        self.period = _check_int("BlockMomentum", "period", period, 1)
-        self.block_lr = _check_float("BlockMomentum", "block_lr", block_lr, 0.0,
-                                     low_open=True)
-        self.block_momentum = _check_float("BlockMomentum", "block_momentum", block_momentum,
-                                           0.0, 1.0)
-        if self.block_momentum >= 1.0:
-            raise ValueError(f"BlockMomentum(block_momentum={block_momentum!r}) is not valid; "
-                             "use a number in [0, 1)")
-        if not isinstance(nesterov, bool):
-            raise ValueError(f"BlockMomentum(nesterov={nesterov!r}) is not valid; use True or False")
-        self.nesterov = nesterov
+        self.period = check_int("period", period, 1, owner="BlockMomentum")
+        self.block_lr = check_float("block_lr", block_lr, 0.0, low_open=True, finite=False,
+                                    owner="BlockMomentum")
+        self.block_momentum = check_float("block_momentum", block_momentum, 0.0, 1.0,
+                                          high_open=True, owner="BlockMomentum")
+        self.nesterov = check_bool("nesterov", nesterov, owner="BlockMomentum", error=ValueError)
 
     def params(self):
         return {"period": self.period, "block_lr": self.block_lr,

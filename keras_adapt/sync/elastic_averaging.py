@@ -2,8 +2,9 @@
 
 import tensorflow as tf
 
+from keras_adapt.checks import check_float, check_int
 from keras_adapt.record import metadata
-from keras_adapt.sync.base import SyncStrategy, _check_float, _check_int
+from keras_adapt.sync.base import SyncStrategy
 
 
 class ElasticAveraging(SyncStrategy):
@@ -37,8 +38,9 @@ class ElasticAveraging(SyncStrategy):
     agrees = False
 
     def __init__(self, period=4, rho=1.0):
-        self.period = _check_int("ElasticAveraging", "period", period, 1)
-        self.rho = _check_float("ElasticAveraging", "rho", rho, 0.0, low_open=True)
+        self.period = check_int("period", period, 1, owner="ElasticAveraging")
+        self.rho = check_float("rho", rho, 0.0, low_open=True, finite=False,
+                               owner="ElasticAveraging")
 
     def params(self):
         return {"period": self.period, "rho": self.rho}

@@ -1,7 +1,8 @@
 """``LocalSGD``: local steps, models averaged every H updates (post-local SGD)."""
 
+from keras_adapt.checks import check_int
 from keras_adapt.record import metadata
-from keras_adapt.sync.base import SyncStrategy, _check_int
+from keras_adapt.sync.base import SyncStrategy
 
 
 class LocalSGD(SyncStrategy):
@@ -30,8 +31,8 @@ class LocalSGD(SyncStrategy):
     index = metadata.SYNC_STRATEGIES.index(name)
 
     def __init__(self, period=8, start_after=0):
-        self.period = _check_int("LocalSGD", "period", period, 1)
-        self.start_after = _check_int("LocalSGD", "start_after", start_after, 0)
+        self.period = check_int("period", period, 1, owner="LocalSGD")
+        self.start_after = check_int("start_after", start_after, 0, owner="LocalSGD")
 
     def params(self):
         return {"period": self.period, "start_after": self.start_after}

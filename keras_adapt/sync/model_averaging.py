@@ -2,8 +2,9 @@
 
 import tensorflow as tf
 
+from keras_adapt.checks import check_float
 from keras_adapt.record import metadata
-from keras_adapt.sync.base import SyncStrategy, _check_float
+from keras_adapt.sync.base import SyncStrategy
 
 
 class ModelAveraging(SyncStrategy):
@@ -31,7 +32,7 @@ class ModelAveraging(SyncStrategy):
     agrees = False
 
     def __init__(self, alpha=0.1):
-        self.alpha = _check_float("ModelAveraging", "alpha", alpha, 0.0, 1.0, low_open=True)
+        self.alpha = check_float("alpha", alpha, 0.0, 1.0, low_open=True, owner="ModelAveraging")
 
     def params(self):
         return {"alpha": self.alpha}
