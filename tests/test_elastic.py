@@ -99,9 +99,11 @@ def _resize(event, before, after):
 
 def test_scale_down_by_discovery_keeps_the_global_batch(tmp_path, reference):
     # The data is an AdaptiveBatchDataset driven by a GlobalBatchSize: the
-    # reset re-shards it and the rule acts through the actuator.
+    # reset re-shards it and the rule acts through the actuator. Rank 0
+    # holds its steps until the removal is announced, so the job shrinks at
+    # the next commit however slow discovery is on a loaded machine.
     done, finals, events = _job(tmp_path, "keep", [
-        {"step": 10, "do": "hosts", "hosts": ONE_HOST}], commit="auto",
+        {"step": 10, "do": "hosts", "hosts": ONE_HOST, "await_removal": True}], commit="auto",
         worker_args=["--adaptive-data"])
     assert done.leftover == 0
     assert [f["workers"] for f in finals] == [1]  # the removed worker left
