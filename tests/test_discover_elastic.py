@@ -58,7 +58,6 @@ def test_a_requested_count_changes_the_membership(tmp_path, start, wanted):
 EPOCHS, STEPS = 2, 40
 
 
-@pytest.mark.timing  # the slowed host is found by its measured step times
 def test_a_straggler_host_is_excluded_and_the_job_goes_on_without_it(tmp_path):
     """Two hosts (localhost and 127.0.0.1, one worker each), rank 1 slowed 3x:
     StragglerPolicy(action="exclude") writes rank 1's host to the exclusion

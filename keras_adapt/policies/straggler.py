@@ -27,6 +27,69 @@ def slow_ranks(compute_times, threshold):
     return {r: c / median for r, c in enumerate(compute_times) if c > (1.0 + threshold) * median}
 
 
+#: The MAD of normally distributed values times this is their standard deviation.
+MAD_TO_SIGMA = 1.4826
+
+
+def compute_ratios(compute_times):
+    """Every worker's compute time over the median of all workers' (the
+    ratio :func:`slow_ranks` compares with ``1 + threshold``); None when the
+    median is not positive.
+
+    Example:
+
+    >>> from keras_adapt.policies.straggler import compute_ratios
+    >>> compute_ratios([0.010, 0.030])
+    [0.5, 1.5]
+    """
+    median = statistics.median(compute_times)
+    if not median > 0.0:
+        return None
+    return [c / median for c in compute_times]
+
+
+def noise_rule(ratios, threshold, patience, noise_multiple):
+    """``(noise, threshold, patience)`` the policy judges with, from the
+    compute ratios of its noise window (:func:`compute_ratios`, one list
+    by rank per measurement, all workers healthy or not).
+
+    ``noise`` is a robust standard deviation of the ratios: 1.4826 times
+    the median absolute deviation of every worker's ratio from that worker's
+    own median over the window (so a worker slow from the start shifts its
+    own median, not the spread). The threshold is ``noise_multiple`` times
+    it, at least ``threshold``. The patience is at least ``patience`` and
+    longer than the longest run of consecutive window measurements in
+    which one worker's ratio lay more than that threshold above its own
+    median: a burst of load as long as one seen while healthy is not a
+    straggler. No ratios (a window of 0): ``(0.0, threshold, patience)``.
+
+    Example:
+
+    >>> from keras_adapt.policies.straggler import noise_rule
+    >>> # own medians .98 and 1.02; deviations 0, 0, .02, .02, .04 x 4, .06, .06
+    >>> window = [[1.0, 1.0], [0.98, 1.02], [1.02, 0.98], [0.94, 1.06], [0.92, 1.08]]
+    >>> noise, t, p = noise_rule(window, threshold=0.067, patience=3, noise_multiple=4.0)
+    >>> round(noise, 5), round(t, 5), p       # 1.4826 x 0.04; 4 x that
+    (0.0593, 0.23722, 3)
+    >>> # quiet but for a burst of 3 measurements: the patience outlasts it
+    >>> burst = [[1.0, 1.0]] + [[0.6, 1.4]] * 3 + [[1.0, 1.0]] * 3
+    >>> noise_rule(burst, threshold=0.067, patience=3, noise_multiple=4.0)
+    (0.0, 0.067, 4)
+    """
+    if not ratios:
+        return 0.0, threshold, patience
+    ranks = range(len(ratios[0]))
+    own = [statistics.median(r[i] for r in ratios) for i in ranks]
+    noise = MAD_TO_SIGMA * statistics.median(
+        abs(r[i] - own[i]) for r in ratios for i in ranks)
+    threshold = max(threshold, noise_multiple * noise)
+    longest, run = 0, 0
+    for r in ratios:
+        run = run + 1 if any(r[i] - own[i] > threshold for i in ranks) else 0
+        longest = max(longest, run)
+    return noise, threshold, max(patience, longest + 1)
+
+
 def proportional_batches(speeds, total):
     """Integer micro-batches proportional to ``speeds``, each >= 1, summing to ``total``.
 
@@ -107,14 +170,21 @@ class StragglerPolicy(AdaptationPolicy):
     :meth:`~keras_adapt.callbacks.WorkerTimingMonitor.result`; compute time
     is a worker's step time minus its wait in the collectives, so it does
     not include waiting for the straggler). After a warm-up of
-    ``warmup_s`` seconds of timed training, each new measurement marks the
+    ``warmup_s`` seconds of timed training, the next ``noise_window``
+    measurements measure the noise of this machine's compute times
+    (:func:`noise_rule`): the threshold becomes ``noise_multiple`` times a
+    robust standard deviation of every worker's ratio to the median, at
+    least ``threshold``, and the patience outlasts any burst seen in the
+    window, at least ``patience``. Each measurement after that marks the
     workers whose compute time exceeds the median of all workers' by more
-    than ``threshold`` (:func:`slow_ranks`); a worker marked in
-    ``patience`` consecutive measurements is flagged: one ``straggler``
-    event (``after``: ``straggler_rank``, ``ratio`` to the median, its
+    than that threshold (:func:`slow_ranks`); a worker marked in that
+    many consecutive measurements is flagged: one ``straggler`` event
+    (``after``: ``straggler_rank``, ``ratio`` to the median, its
     ``compute_time`` and the ``median_compute_time``). It is flagged again
-    only after a measurement that does not mark it. The defaults follow
-    CM-DARE's bottleneck detection (30 s warm-up, 6.7 % threshold).
+    only after a measurement that does not mark it. :attr:`noise`,
+    :attr:`judged_threshold` and :attr:`judged_patience` hold what was
+    measured and derived. The warm-up and the floor follow CM-DARE's
+    bottleneck detection (30 s, 6.7 %).
 
     The measurements come from the monitor's allgather and the warm-up is
     counted in the measured step time, so every worker makes the same
@@ -129,13 +199,13 @@ class StragglerPolicy(AdaptationPolicy):
     statistics stay unbiased. The event's ``before`` and ``after`` then hold
     the per-rank ``batch_sizes``. The measurement that follows a change
     mixes old and new batches and is not judged. A worker still (or newly)
-    slower after a rebalance is flagged again after ``patience`` more
-    measurements, and the batches are split again from the new speeds --
-    unless the step got longer by more than ``threshold`` since the last
-    rebalance (a worker's compute time does not grow with its batch: fixed
-    costs dominate, and rebalancing cannot help): then the last split is
-    undone and the policy stops rebalancing (it still records). Speeds and
-    step times are the means over the last ``patience`` measurements.
+    slower after a rebalance is flagged again after the patience, and the
+    batches are split again from the new speeds -- unless the step got
+    longer by more than the threshold since the last rebalance (a worker's
+    compute time does not grow with its batch: fixed costs dominate, and
+    rebalancing cannot help): then the last split is undone and the policy
+    stops rebalancing (it still records). Speeds and step times are the
+    means over the last patience's measurements.
 
     ``action="exclude"`` (jobs under :mod:`keras_adapt.elastic`, started
     by ``horovodrun --host-discovery-script`` running ``keras-adapt
@@ -159,8 +229,15 @@ class StragglerPolicy(AdaptationPolicy):
             list, before this policy).
         warmup_s: seconds of timed training before the first decision
             (>= 0; the sum of the measured step times).
-        threshold: how much above the median (a fraction, > 0) counts as slow.
-        patience: consecutive slow measurements before a worker is flagged.
+        threshold: the least excess over the median (a fraction, > 0) that
+            counts as slow, whatever the noise.
+        patience: the fewest consecutive slow measurements before a worker
+            is flagged.
+        noise_window: measurements after the warm-up that measure the
+            noise and are not judged (int >= 0; 0: judge with
+            ``threshold`` and ``patience`` as they are).
+        noise_multiple: the threshold in robust standard deviations of the
+            compute ratios (> 0).
         interval: optimizer updates between checks for a new measurement
             (default: the monitor's interval).
         action: ``"record"`` (default), ``"rebalance"`` or ``"exclude"``.
@@ -181,16 +258,18 @@ class StragglerPolicy(AdaptationPolicy):
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     >>> model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
     >>> monitor = WorkerTimingMonitor(interval=2)
-    >>> policy = StragglerPolicy(monitor, warmup_s=0.0, patience=2)
+    >>> policy = StragglerPolicy(monitor, warmup_s=0.0, patience=2, noise_window=2)
     >>> _ = model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=8, verbose=0,
     ...               callbacks=[monitor, policy])
     >>> policy.events  # one worker: never slower than itself
     []
+    >>> policy.noise, policy.judged_threshold, policy.judged_patience
+    (0.0, 0.067, 2)
     """
 
-    def __init__(self, monitor, warmup_s=30.0, threshold=0.067, patience=3, interval=None,
-                 action="record", dataset=None, exclude_file=None, min_workers=None,
-                 log_dir=None, verbose=0):
+    def __init__(self, monitor, warmup_s=30.0, threshold=0.067, patience=3, noise_window=10,
+                 noise_multiple=4.0, interval=None, action="record", dataset=None,
+                 exclude_file=None, min_workers=None, log_dir=None, verbose=0):
         from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 
         if not isinstance(monitor, WorkerTimingMonitor):
@@ -206,6 +285,9 @@ class StragglerPolicy(AdaptationPolicy):
         self.threshold = check_float("threshold", threshold, low_open=True,
                                      fix="use a fraction > 0 (e.g. 0.067 for 6.7 %)")
         self.patience = check_int("patience", patience)
+        self.noise_window = check_int("noise_window", noise_window, 0)
+        self.noise_multiple = check_float("noise_multiple", noise_multiple, low_open=True,
+                                          fix="use a multiple > 0 of the noise (e.g. 4)")
         check_choice("action", action, ACTIONS)
         if action == "rebalance" and not hasattr(dataset, "rank_micro_batch_sizes"):
             raise ValueError(
@@ -249,21 +331,28 @@ class StragglerPolicy(AdaptationPolicy):
         self._stopped = False
         self._hosts = None  # every rank's host (exclude), gathered once per fit
         self._leaving = []  # hosts excluded in this fit (their workers may still run)
+        self._window = []  # the noise window's compute ratios
         #: The optimizer step of the measurement that completed the warm-up
-        #: (the measurements after it are judged); None before.
+        #: and the noise window (the measurements after it are judged); None before.
         self.warmup_end_step = None
+        #: The noise measured in the window (a robust standard deviation of
+        #: the compute ratios, :func:`noise_rule`); None before.
+        self.noise = None
+        #: The threshold and patience of the judged measurements (None before).
+        self.judged_threshold = None
+        self.judged_patience = None
 
     def _rebalance(self, sizes):
         """Splits the global batch by speed (micro-batch / compute time, the
         means over the last ``patience`` measurements); returns a note for
         the event. A rebalance after which the step got longer by more than
-        ``threshold`` (compute time that does not grow with the batch: fixed
+        the threshold (compute time that does not grow with the batch: fixed
         costs dominate) is undone, and the policy stops rebalancing."""
         compute = [statistics.fmean(c[r] for c, _ in self._recent) for r in range(len(sizes))]
         step_time = statistics.fmean(t for _, t in self._recent)
         if self._stopped:
             return "; not rebalanced (an earlier rebalance did not help)"
-        if self._undo is not None and step_time > (1.0 + self.threshold) * self._undo[1]:
+        if self._undo is not None and step_time > (1.0 + self.judged_threshold) * self._undo[1]:
             previous, previous_time = self._undo
             self._undo = None
             self._stopped = True
@@ -314,8 +403,18 @@ class StragglerPolicy(AdaptationPolicy):
         if self.exclusion is not None and _hvd.size() > 1:
             self.exclusion.this_host()  # not an elastic job: a clear error before any step
         if self.warmup_s == 0.0:
-            self.warmup_end_step = self.step
+            self._warm()
 
+    def _warm(self):
+        """The warm-up is over: the noise window starts (or, without one, judging)."""
+        if self.noise_window == 0:
+            self._judge()
+
+    def _judge(self):
+        """The noise window is complete: derive the threshold and patience."""
+        self.noise, self.judged_threshold, self.judged_patience = noise_rule(
+            self._window, self.threshold, self.patience, self.noise_multiple)
+        self.warmup_end_step = self.step
 
     def adapt(self, step, values):
         self._check_measurement()
@@ -332,19 +431,27 @@ class StragglerPolicy(AdaptationPolicy):
         self._timed_s += result["step_time"] * result["steps"]
         if not warm:
             if self._timed_s >= self.warmup_s:
-                self.warmup_end_step = self.step
+                self._warm()
+            return
+        compute = result["compute_time"]
+        if self.judged_threshold is None:
+            ratios = compute_ratios(compute)
+            if ratios is not None:
+                self._window.append(ratios)
+            if len(self._window) >= self.noise_window:
+                self._judge()
             return
         if self._settling:
             # This interval mixes the batches before and after a rebalance.
             self._settling = False
             return
-        compute = result["compute_time"]
-        self._recent = (self._recent + [(compute, result["step_time"])])[-self.patience:]
-        slow = slow_ranks(compute, self.threshold)
+        patience = self.judged_patience
+        self._recent = (self._recent + [(compute, result["step_time"])])[-patience:]
+        slow = slow_ranks(compute, self.judged_threshold)
         self._streaks = {r: self._streaks.get(r, 0) + 1 for r in slow}
         median = statistics.median(compute)
         flagged = [(r, ratio) for r, ratio in sorted(slow.items())
-                   if self._streaks[r] == self.patience]
+                   if self._streaks[r] == patience]
         before, after, note, hosts = {"median_compute_time": median}, {}, "", {}
         if flagged and self.batches is not None:
             sizes = self.batches.sizes
@@ -356,8 +463,8 @@ class StragglerPolicy(AdaptationPolicy):
             host_after, host_note = hosts.get(rank, ({}, ""))
             self.record(
                 "straggler",
-                f"rank {rank} computes {ratio:.3g}x the median for {self.patience} "
-                f"measurements (threshold {1.0 + self.threshold:.3g}x){note}{host_note}",
+                f"rank {rank} computes {ratio:.3g}x the median for {patience} "
+                f"measurements (threshold {1.0 + self.judged_threshold:.3g}x){note}{host_note}",
                 dict(before),
                 {"straggler_rank": rank, "ratio": ratio, "compute_time": compute[rank],
                  "median_compute_time": median, **after, **host_after})

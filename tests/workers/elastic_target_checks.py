@@ -98,12 +98,13 @@ def straggler_fit():
     state = elastic.KerasState(model, rule=elastic.ResizeRule("keep", global_batch=32),
                                log_dir=args.log_dir)
     monitor = WorkerTimingMonitor(interval=4)
-    # Short warm-up and patience: the slowed rank is flagged within a few
-    # measurements. Two policies judge the same measurements: one that must
-    # keep two workers (it refuses to exclude), then one that may go down
-    # to one (horovodrun --min-np 1) and excludes.
-    keep_two, policy = (StragglerPolicy(monitor, warmup_s=0.2, patience=2, action="exclude",
-                                        min_workers=n, log_dir=args.log_dir) for n in (2, 1))
+    # Short warm-up, noise window and patience: the slowed rank is flagged
+    # within a few measurements. Two policies judge the same measurements:
+    # one that must keep two workers (it refuses to exclude), then one that
+    # may go down to one (horovodrun --min-np 1) and excludes.
+    keep_two, policy = (StragglerPolicy(monitor, warmup_s=0.2, patience=2, noise_window=3,
+                                        action="exclude", min_workers=n, log_dir=args.log_dir)
+                        for n in (2, 1))
 
     class Recorder(keras.callbacks.Callback):
         """After the elastic callbacks: every executed step's global id."""

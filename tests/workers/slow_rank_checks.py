@@ -1,12 +1,14 @@
 """Run under horovodrun by tests/test_worker_timing.py.
 
-How much the slow-rank hook (KERAS_ADAPT_SLOW_RANK=1:<factor>, given as
---factor) slows the job, with and without a WorkerTimingMonitor timing the
-collectives: four models of a compute-bound convolution (plain and slowed,
-each without and with the monitor), each traced in its own fit, then
-trained in alternating blocks so that a change of machine load touches all
-alike. Records every step's host time (the first step of each block left
-out) and the monitor's measurements. Writes <out>/rank<r>.json.
+What the slow-rank hook (KERAS_ADAPT_SLOW_RANK=1:<factor>, given as
+--factor) injects, with and without a WorkerTimingMonitor timing the
+collectives: four models of a small convolution whose forward pass also
+sleeps SLEEP_S (a computation of known least length), plain and slowed,
+each without and with the monitor, each traced in its own fit, then
+trained in blocks. Records every step's host time (the first two steps of
+each block left out), the monitor's measurements and the seconds the hook
+slept on this rank in the blocks (read back from the timing object).
+Writes <out>/rank<r>.json.
 """
 
 import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
@@ -36,11 +38,21 @@ from keras_adapt.monitors.worker_timing import SLOW_RANK_ENV  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--factor", type=float, required=True)
-parser.add_argument("--blocks", type=int, default=8)
+parser.add_argument("--blocks", type=int, default=3)
 parser.add_argument("--block", type=int, default=12)
 args = parser.parse_args()
 rank = keras_adapt.rank()
 BATCH = 64
+SLEEP_S = 0.02  # in every forward pass: the computation lasts at least this
+
+
+class Busy(keras.layers.Layer):
+    """Passes its input on after sleeping SLEEP_S in the graph."""
+
+    def call(self, inputs):
+        done = tf.py_function(lambda: time.sleep(SLEEP_S) or 0, [], tf.int32)
+        with tf.control_dependencies([done]):
+            return tf.identity(inputs)
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((BATCH * args.block, 16, 16, 3)).astype("float32")
@@ -91,7 +103,7 @@ def build():
         keras.Input((16, 16, 3)),
         keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
         keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+        keras.layers.GlobalAveragePooling2D(), Busy(), keras.layers.Dense(10)])
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(1e-4)), "mse")
     return model
 
@@ -116,14 +128,20 @@ for timed in (False, True):
         runs[(timed, slow)] = run
 os.environ.pop(SLOW_RANK_ENV, None)
 
+def slept(run):
+    return float(run["model"].optimizer.adapt_state.timing.slept_seconds.numpy())
+
+
+before = {key: slept(run) for key, run in runs.items()}
 for _ in range(args.blocks):
     for run in runs.values():
         run["model"].fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=args.block,
                          verbose=0, callbacks=run["callbacks"])
 
-out = {"rank": rank, "runs": []}
+out = {"rank": rank, "sleep_s": SLEEP_S, "runs": []}
 for (timed, slow), run in runs.items():
     out["runs"].append({"timed": timed, "slow": slow, "steps": run["clock"].steps,
+                        "slept": slept(run) - before[timed, slow],
                         "measurements": run["measurements"].results if timed else []})
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(out, f)

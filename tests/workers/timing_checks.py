@@ -134,6 +134,7 @@ out = {"rank": rank, "size": size, "elapsed": elapsed,
        "results": recorder.results,
        "wait_total": model.optimizer.adapt_state.timing.read()[0],
        "collectives": model.optimizer.adapt_state.timing.read()[1],
+       "slept": float(model.optimizer.adapt_state.timing.slept_seconds.numpy()),
        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
 if policy is not None:
     out["events"] = policy.events
