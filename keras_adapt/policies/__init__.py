@@ -25,15 +25,16 @@ from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
 from keras_adapt.policies.goodput_batch_size import GoodputBatchSizePolicy, GoodputChoice
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
 from keras_adapt.policies.progress import TrainingProgress
+from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
+from keras_adapt.policies.straggler import StragglerPolicy
+from keras_adapt.policies.sync_strategy import SyncStrategyPolicy
+from keras_adapt.policies.timing_driven import TimingDrivenPolicy
+from keras_adapt.policies.update_timer import UpdateTimer
 from keras_adapt.policies.worker_scaling import (
     GNSWorkerScalingPolicy,
     ResizePolicy,
     ThroughputScalingPolicy,
 )
-from keras_adapt.policies.scheduled_batch_size import ScheduledBatchSizePolicy
-from keras_adapt.policies.straggler import StragglerPolicy
-from keras_adapt.policies.sync_strategy import SyncStrategyPolicy
-from keras_adapt.policies.update_timer import UpdateTimer
 
 __all__ = [
     "AdaScale",
@@ -53,6 +54,7 @@ __all__ = [
     "StragglerPolicy",
     "SyncStrategyPolicy",
     "ThroughputScalingPolicy",
+    "TimingDrivenPolicy",
     "TrainingProgress",
     "UpdateTimer",
     "default_min_efficiency",

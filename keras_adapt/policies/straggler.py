@@ -5,8 +5,9 @@ import statistics
 import warnings
 
 from keras_adapt import _hvd
-from keras_adapt.checks import check_choice, check_float, check_int, invalid
+from keras_adapt.checks import check_choice, check_float, check_int
 from keras_adapt.policies.base import AdaptationPolicy
+from keras_adapt.policies.timing_driven import TimingDrivenPolicy
 
 
 def slow_ranks(compute_times, threshold):
@@ -162,7 +163,7 @@ def exclusion_decision(hosts, rank, leaving, min_workers):
 ACTIONS = ("record", "rebalance", "exclude")
 
 
-class StragglerPolicy(AdaptationPolicy):
+class StragglerPolicy(TimingDrivenPolicy, AdaptationPolicy):
     """Flags a worker whose compute time stays above the others' (a ``straggler`` event).
 
     Reads the agreed per-worker compute times of a
@@ -272,15 +273,9 @@ class StragglerPolicy(AdaptationPolicy):
                  exclude_file=None, min_workers=None, log_dir=None, verbose=0):
         from keras_adapt.callbacks.worker_timing_monitor import WorkerTimingMonitor
 
-        if not isinstance(monitor, WorkerTimingMonitor):
-            raise invalid(
-                "monitor", monitor, "pass the WorkerTimingMonitor of the "
-                "same fit, e.g. m = WorkerTimingMonitor(10); StragglerPolicy(m), "
-                "callbacks=[m, policy]", error=TypeError
-            )
+        self.follow(monitor, "StragglerPolicy(m)", WorkerTimingMonitor)
         super().__init__(interval=monitor.interval if interval is None else interval,
                          log_dir=log_dir, verbose=verbose)
-        self.monitor = monitor
         self.warmup_s = check_float("warmup_s", warmup_s, fix="use seconds >= 0 (e.g. 30)")
         self.threshold = check_float("threshold", threshold, low_open=True,
                                      fix="use a fraction > 0 (e.g. 0.067 for 6.7 %)")
@@ -322,7 +317,7 @@ class StragglerPolicy(AdaptationPolicy):
             self.batches = RankBatchSizes(model, self.dataset)
 
     def _reset(self):
-        self._seen = self.monitor.measurements
+        self.skip_past_measurements()
         self._timed_s = 0.0
         self._streaks = {}
         self._settling = False
@@ -416,17 +411,7 @@ class StragglerPolicy(AdaptationPolicy):
             self._window, self.threshold, self.patience, self.noise_multiple)
         self.warmup_end_step = self.step
 
-    def adapt(self, step, values):
-        self._check_measurement()
-
-    def on_epoch_adapt(self, epoch, values):
-        self._check_measurement()
-
-    def _check_measurement(self):
-        new = self.monitor.new_measurement(self._seen)
-        if new is None:
-            return  # no new measurement since the last check
-        self._seen, result = new
+    def on_measurement(self, result):
         warm = self._timed_s >= self.warmup_s
         self._timed_s += result["step_time"] * result["steps"]
         if not warm:

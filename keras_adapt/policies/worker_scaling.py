@@ -16,6 +16,7 @@ from keras_adapt import _hvd
 from keras_adapt.actuators import WorkerTarget
 from keras_adapt.checks import check_bool, check_float, check_int, invalid
 from keras_adapt.policies.base import AdaptationPolicy
+from keras_adapt.policies.timing_driven import TimingDrivenPolicy
 
 
 class ResizePolicy(AdaptationPolicy):
@@ -160,7 +161,7 @@ def step_pays(low, high, throughput_low, throughput_high, efficiency):
     return gain >= efficiency * throughput_low / low
 
 
-class ThroughputScalingPolicy(ResizePolicy):
+class ThroughputScalingPolicy(TimingDrivenPolicy, ResizePolicy):
     """Adds workers while each one pays for itself, removes the last one when it does not.
 
     Reads the global throughput (samples/s) that a
@@ -224,18 +225,12 @@ class ThroughputScalingPolicy(ResizePolicy):
     def __init__(self, min_workers, max_workers, monitor, efficiency=0.8, warmup_measurements=1,
                  patience=2, window=8, throughput_model=None, target_file=None,
                  min_change_interval=0, interval=None, log_dir=None, verbose=0):
-        if not (callable(getattr(monitor, "new_measurement", None))
-                and hasattr(monitor, "measurements")):
-            raise invalid(
-                "monitor", monitor, "pass the WorkerTimingMonitor of the same "
-                "fit, e.g. m = WorkerTimingMonitor(10); ThroughputScalingPolicy(1, 4, m), "
-                "callbacks=[m, policy]", error=TypeError)
         if interval is None:
             interval = getattr(monitor, "interval", 10)
         super().__init__(min_workers, max_workers, target_file=target_file,
                          min_change_interval=min_change_interval, interval=interval,
                          log_dir=log_dir, verbose=verbose)
-        self.monitor = monitor
+        self.follow(monitor, "ThroughputScalingPolicy(1, 4, m)")
         self.efficiency = check_float("efficiency", efficiency, 0.0, 1.0, low_open=True,
                                       fix="use a fraction in (0, 1] (0.8: an added worker "
                                           "must add 80% of a worker's throughput)")
@@ -249,7 +244,6 @@ class ThroughputScalingPolicy(ResizePolicy):
         self.throughput_model = throughput_model
         #: ``{workers: [samples/s, ...]}``: the kept measurements per worker count.
         self.throughput = {}
-        self._seen = monitor.measurements
         self._counted_workers = None
         self._skip = 0
         #: ``(b, k)`` of the latest measurement: the per-worker micro-batch
@@ -311,19 +305,9 @@ class ThroughputScalingPolicy(ResizePolicy):
         # Only measurements made in this fit count: after an elastic reset a
         # new worker (fresh policy, restored state) and the others agree.
         self._proposal = None
-        self._seen = self.monitor.measurements
+        self.skip_past_measurements()
 
-    def adapt(self, step, values):
-        self._check_measurement()
-
-    def on_epoch_adapt(self, epoch, values):
-        self._check_measurement()
-
-    def _check_measurement(self):
-        new = self.monitor.new_measurement(self._seen)
-        if new is None:
-            return
-        self._seen, result = new
+    def on_measurement(self, result):
         workers = self.workers
         if workers != self._counted_workers:
             self._counted_workers, self._skip, self._proposal = (
