@@ -8,6 +8,7 @@ import warnings
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt.checks import check_int
 from keras_adapt.optimizer import build_slots
 
 
@@ -48,10 +49,8 @@ class CheckpointFiles:
     def __init__(self, directory, max_to_keep=2):
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"directory must be a path, got {directory!r}")
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(f"max_to_keep={max_to_keep!r} is not valid; use an int >= 1")
         self.directory = os.fspath(directory)
-        self.max_to_keep = max_to_keep
+        self.max_to_keep = check_int("max_to_keep", max_to_keep)
         self._model = None
         self._checkpoint = None
         self._manager = None
