@@ -72,10 +72,11 @@ def _sleep(seconds):
     time.sleep(seconds)
 
 
-def _with_delay(tensors):
-    """``tensors``, made to wait :func:`collective_delay_ms` first (in-graph
-    or eagerly); unchanged when no delay is set."""
-    delay = collective_delay_ms()
+def _with_delay(tensors, delay=None):
+    """``tensors``, made to wait ``delay`` ms (by default
+    :func:`collective_delay_ms`) first, in-graph or eagerly; unchanged when
+    no delay is set."""
+    delay = collective_delay_ms() if delay is None else delay
     if delay == 0.0:
         return tensors
     import tensorflow as tf
@@ -330,10 +331,10 @@ class Reduction:
         return out
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, delay_ms=None):
     if size() == 1:
         return tensor
-    return hvd.broadcast(_with_delay([tensor])[0], root_rank, name=name)
+    return hvd.broadcast(_with_delay([tensor], delay_ms)[0], root_rank, name=name)
 
 
 def allreduce_average(tensor, name=None):

@@ -24,7 +24,7 @@ def broadcast_variables(variables, root_rank=0):
     variables = [_tf_variable(v) for v in variables]
     if _hvd.size() == 1 or not variables:
         return
-    _broadcast(variables, root_rank)
+    _broadcast(variables, root_rank, _hvd.collective_delay_ms())
 
 
 def _tf_variable(v):
@@ -35,7 +35,10 @@ def _tf_variable(v):
 # One function for every call: the variables are its arguments, so it is
 # traced once per signature (their count, dtypes and, generalised, shapes)
 # and not once per call, which TensorFlow warns about when fit is repeated.
+# The slow-network hook's delay is built into the trace, so it is an argument
+# too: a process that changes it between fits gets a new trace.
 @tf.function(reduce_retracing=True)
-def _broadcast(variables, root_rank):
+def _broadcast(variables, root_rank, delay_ms):
     for i, v in enumerate(variables):
-        v.assign(_hvd.broadcast(tf.convert_to_tensor(v), root_rank, name=f"keras_adapt_bcast_{i}"))
+        v.assign(_hvd.broadcast(tf.convert_to_tensor(v), root_rank,
+                                name=f"keras_adapt_bcast_{i}", delay_ms=delay_ms))

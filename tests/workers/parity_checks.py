@@ -186,7 +186,7 @@ def lazy_phase():
 def refit_phase():
     import logging
 
-    from keras_adapt.callbacks import broadcast_global_variables
+    from keras_adapt.coordination import broadcast
 
     warnings = []
 
@@ -213,7 +213,7 @@ def refit_phase():
                            for w in model.get_weights()])
         model.fit(x, y, batch_size=8, epochs=1, verbose=0,
                   callbacks=[BroadcastGlobalVariablesCallback(0), Start()])
-        traces.append(broadcast_global_variables._broadcast.experimental_get_tracing_count())
+        traces.append(broadcast._broadcast.experimental_get_tracing_count())
     logging.getLogger("tensorflow").removeHandler(handler)
     results["refit"] = {"starts": starts, "warnings": warnings, "traces": traces}
 
