@@ -17,7 +17,9 @@ which must refuse); the test slows one rank
 ``keras-adapt discover`` reads (``KERAS_ADAPT_EXCLUDE_FILE``), and Horovod
 stops that worker. Each process that finishes writes
 ``<out>/final_<pid>.json``: every step it ran (global id, workers, rank,
-host), its position and the policy's events.
+host), its position and the policy's events. Rank 0 holds its steps from
+the exclusion until the driver has announced the removal, so the job
+shrinks at the next commit however slow discovery is on a loaded machine.
 """
 
 import lean_imports  # noqa: F401  (first: Keras 3's optional imports, see there)
@@ -106,18 +108,26 @@ def straggler_fit():
                                         action="exclude", min_workers=n, log_dir=args.log_dir)
                         for n in (2, 1))
 
+    heard = HostsHeard(state)
+
     class Recorder(keras.callbacks.Callback):
-        """After the elastic callbacks: every executed step's global id."""
+        """After the elastic callbacks: every executed step's global id;
+        on rank 0, once the policy has excluded a host, holds the step
+        until the driver announced its removal."""
 
         def __init__(self):
             super().__init__()
             self.steps = []
+            self.held = False
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps.append({"id": state.epoch * args.steps + state.batch - 1,
                                "workers": keras_adapt.size(), "rank": keras_adapt.rank(),
                                "host": host, "batch_size": state.batch_size,
                                "iterations": int(model.optimizer.iterations.numpy())})
+            if policy.exclusion.excluded and keras_adapt.rank() == 0 and not self.held:
+                self.held = True
+                heard.wait("removed", ANNOUNCE_WAIT_S)
             time.sleep(args.sleep)
 
     recorder = Recorder()
