@@ -508,7 +508,6 @@ def _progress_epochs_run(reset_at=None):
     last commit, as ``elastic.run`` does after a failure. Returns the epoch
     ends ``(epoch, updates, progress)``, the final weights and the updates
     trained in all."""
-    import keras
 
     from keras_adapt import elastic
     from keras_adapt.data import AdaptiveBatchDataset

@@ -2,8 +2,6 @@
 process, and the strategies' math, switches, statistics and the
 collective-delay hook with two real workers (horovodrun -np 2)."""
 
-import os
-
 import numpy as np
 import pytest
 

@@ -18,7 +18,6 @@ from keras_adapt import _hvd
 from keras_adapt.checks import check_float, check_int
 from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
 from keras_adapt.elastic import disk_checkpoint
-from keras_adapt.record import events
 from keras_adapt.optimizer import UpdateBoundary
 from keras_adapt.record import events
 
