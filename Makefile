@@ -112,4 +112,4 @@ bench: setup bench-data
 	$(VENV2)/bin/python benchmarks/time_to_accuracy.py
 
 clean:
-	rm -rf $(VENV) $(VENV2) build *.egg-info keras_adapt/ops/_keras_adapt_ops_*.so
+	rm -rf $(VENV) $(VENV2) $(WHEEL_DATA) build *.egg-info keras_adapt/ops/_keras_adapt_ops_*.so

@@ -31,10 +31,11 @@ def horovodrun():
     return [os.path.join(os.path.dirname(sys.executable), "horovodrun")]
 
 
-def run_on_workers(script, args, prefix, np=2):
+def run_on_workers(script, args, prefix, np=2, out=None):
     """Runs ``script --worker --out DIR ARGS`` on ``np`` local Gloo workers;
-    returns the JSON rank 0 wrote to ``DIR/rank0.json`` (exits on failure)."""
-    out = tempfile.mkdtemp(prefix=prefix)
+    returns the JSON rank 0 wrote to ``DIR/rank0.json`` (exits on failure).
+    DIR is ``out``, or else a new temporary directory named ``prefix...``."""
+    out = out or tempfile.mkdtemp(prefix=prefix)
     cmd = [*horovodrun(), "-np", str(np),
            "-H", f"localhost:{np}", "--gloo", sys.executable, os.path.abspath(script),
            "--worker", "--out", out, *map(str, args)]

@@ -9,6 +9,8 @@ Run from the repository (it launches itself on 2 local workers, Gloo):
     .venv/bin/python benchmarks/time_to_accuracy.py --tasks digits --configs goodput --repeats 3
     .venv/bin/python benchmarks/time_to_accuracy.py --tasks classification --seeds 0 1 2
     .venv/bin/python benchmarks/time_to_accuracy.py --configs gns goodput --protocols b
+    .venv/bin/python benchmarks/time_to_accuracy.py --configs small large fixed --protocols b c
+    .venv/bin/python benchmarks/time_to_accuracy.py --fixed-from /tmp/time_to_accuracy_XXXX
 
 How to read it
 --------------
@@ -164,6 +166,15 @@ batch (chosen on the means), every seed's ``acc_delta_vs_best_fixed_seeds``,
 by several tenths of a point from seed to seed, as much as the 0.5-point
 tolerance (docs/policies.md): a comparison at that tolerance needs several.
 
+The fixed runs do not depend on the policies: ``--fixed-from DIR ...`` (one
+raw result directory per seed of ``--seeds``, from a run with ``--configs
+small large fixed --protocols b c``) runs only the policies and compares
+them with those stored runs, (c)'s target included, so a change of the
+policies' settings is measured in minutes instead of an hour per seed; the
+settings of every task must match the stored ones (the policies' aside),
+and the wall times then come from two runs of the workers (the report
+says so).
+
 How the goodput policy's defaults were chosen (updates to the target and
 final accuracy; the fixed runs from one sweep): pure goodput with flat
 step times went to the largest batch (teacher_student 32 -> 64 -> 2048,
@@ -187,6 +198,9 @@ noise scale alone").
 import argparse
 import gc
 import json
+import os
+import sys
+import tempfile
 import time
 
 import _wheel_data
@@ -194,6 +208,8 @@ from _workers import parser as worker_parser
 from _workers import pin_worker, run_on_workers, write_result
 
 CONFIGS = ("small", "large", "fixed", "gns", "goodput")
+#: What the policies' runs add to a task's settings (not the fixed runs').
+POLICY_KEYS = ("gns", "goodput", "stats", "high_target")
 #: The learning rates each fixed batch B of the sweep tries: lr_small x k**e
 #: for these e, k = B / min_batch (0: the small batch's rate unchanged, 0.5:
 #: square-root scaling, 1: linear scaling).
@@ -382,14 +398,83 @@ def launch(args):
     if args.configs:
         extra += ["--configs", *args.configs]
     extra += ["--repeats", args.repeats, "--protocols", *args.protocols]
+    stored = [load_fixed(path, seed, args) for path, seed in zip(args.fixed_from or [], args.seeds)]
     t0 = time.perf_counter()
-    results = [run_on_workers(__file__, extra + ["--seed", seed], "time_to_accuracy_")
-               for seed in args.seeds]
+    results, raw = [], []
+    for i, seed in enumerate(args.seeds):
+        own = list(extra)
+        if stored:  # the policies only, (c)'s target from the stored fixed runs
+            own += [item for name in args.tasks for item in (
+                "--set", f"{name}.high_target={json.dumps(stored[i]['tasks'][name]['high_target'])}")]
+        raw.append(tempfile.mkdtemp(prefix=f"time_to_accuracy_seed{seed}_"))
+        result = run_on_workers(__file__, own + ["--seed", seed], None, out=raw[-1])
+        results.append(with_fixed(result, stored[i]) if stored else result)
     result = results[0] if len(results) == 1 else over_seeds(results)
+    if stored:
+        result["fixed_from"] = " ".join(args.fixed_from)
     if args.tune:
         report_tuning(result)
     else:
         report(result, time.perf_counter() - t0, args.curves)
+        print("raw results (for --fixed-from):", " ".join(raw))
+
+
+def load_fixed(path, seed, args):
+    """The raw result (``rank0.json``, or the directory that holds it) of an
+    earlier run of the fixed configurations for ``seed``, checked against
+    this run: the same seed, every task with the same settings (the
+    policies' aside) and the protocols this run needs. Each task also gets
+    its ``high_target``, (c)'s target from those runs."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "rank0.json")
+    with open(path) as f:
+        stored = json.load(f)
+    if stored.get("seed") != seed:
+        sys.exit(f"--fixed-from {path} holds seed {stored.get('seed')}, not {seed}: give one "
+                 "result per seed of --seeds, in the same order")
+    settings = task_settings(args)
+    for name in args.tasks:
+        task = stored.get("tasks", {}).get(name)
+        if task is None:
+            sys.exit(f"--fixed-from {path} has no task {name}; run its fixed configurations "
+                     f"first (--tasks {name} --configs small large fixed)")
+        mine = {k: v for k, v in settings[name].items() if k not in POLICY_KEYS}
+        theirs = {k: v for k, v in task["settings"].items() if k not in POLICY_KEYS}
+        if mine != theirs:
+            changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            sys.exit(f"--fixed-from {path}: task {name}'s settings differ ({', '.join(changed)}); "
+                     "run the fixed configurations again with these settings")
+        needed = {"b"} | ({"c"} if "c" in args.protocols else set())
+        if not needed <= set(task["protocols"]):
+            sys.exit(f"--fixed-from {path} lacks protocol(s) {sorted(needed - set(task['protocols']))} "
+                     f"of task {name}; run the fixed configurations with --protocols b c")
+        task["high_target"] = task["protocols"].get("c", {}).get("target")
+    return stored
+
+
+def with_fixed(result, stored):
+    """``result`` (the policies' runs) completed with the fixed runs and
+    step times of ``stored`` (:func:`load_fixed`): per protocol, (a) and
+    (b) take (b)'s fixed runs, (c) its own.
+
+    >>> fixed = {"tasks": {"t": {"step_ms": {"32": {"plain": 1.0, "stats": 1.1}}, "protocols": {
+    ...     "b": {"target": 0.8, "runs": {"small": "s32"}, "sweep": ["s64"]},
+    ...     "c": {"target": 0.85, "runs": {"small": "l32"}, "sweep": ["l64"]}}}}}
+    >>> mine = {"tasks": {"t": {"step_ms": {}, "protocols": {
+    ...     "a": {"runs": {"gns": "ga"}, "sweep": []}, "c": {"runs": {"gns": "gc"}, "sweep": []}}}}}
+    >>> merged = with_fixed(mine, fixed)["tasks"]["t"]
+    >>> merged["protocols"]["a"]["runs"], merged["protocols"]["c"]["sweep"], merged["step_ms"]["32"]
+    ({'small': 's32', 'gns': 'ga'}, ['l64'], {'plain': 1.0, 'stats': 1.1})
+    """
+    for name, task in result["tasks"].items():
+        old = stored["tasks"][name]
+        task["step_ms"] = old["step_ms"]
+        for p, res in task["protocols"].items():
+            src = old["protocols"]["c" if p == "c" else "b"]
+            res["runs"] = {**{c: r for c, r in src["runs"].items() if c not in POLICY_KEYS},
+                           **res["runs"]}
+            res["sweep"] = src["sweep"]
+    return result
 
 
 def _fmt(v, spec):
@@ -415,6 +500,9 @@ def report(result, elapsed, curves=False):
         print(f"\ntime to accuracy, task={task}, stack={result['stack']} ({result['versions']}), "
               f"2 workers, Gloo, {seeds}; budget {s['passes']:g} passes of "
               f"{task_res['train_size']} samples; the policies at the library's defaults")
+        if result.get("fixed_from"):
+            print(f"the fixed runs and step times from an earlier run: {result['fixed_from']} "
+                  "(wall times from two runs of the workers)")
         report_step_times(task_res)
         for p, res in task_res["protocols"].items():
             report_protocol(task, p, result, res, curves)
@@ -847,7 +935,9 @@ def protocol_results(s, done, protocols):
         target = s["target"]
         if p == "c":
             best = best_fixed(pick("b", s["target"]))
-            target = None if best is None else round(best["final"] - EQUAL_ACCURACY, 4)
+            # without fixed runs here, the target of stored ones (--fixed-from)
+            target = (s.get("high_target") if best is None
+                      else round(best["final"] - EQUAL_ACCURACY, 4))
         out[p] = pick(p, target)
     return {"protocols": out, "step_ms": step_ms}
 
@@ -1138,6 +1228,10 @@ def main():
                              "for everyone, (c) a high target (the best fixed run's final "
                              f"accuracy under (b) less 0.5 pt) with {LONG_BUDGET:g}x the samples "
                              "for everyone (default: all three)")
+    parser.add_argument("--fixed-from", nargs="+", metavar="DIR",
+                        help="the raw results (time_to_accuracy_* directories, one per seed of "
+                             "--seeds) of an earlier run of the fixed configurations: run only "
+                             "the policies and compare them with those")
     parser.add_argument("--set", action="append", metavar="TASK.KEY=JSON",
                         help="override a task setting, e.g. digits.passes=10")
     args = parser.parse_args()
@@ -1153,6 +1247,13 @@ def main():
                      "tune once per seed")
     if args.tasks is None:
         args.tasks = list(QUICK_TASKS if args.quick else TASKS)
+    if args.fixed_from and not args.worker:
+        if len(args.fixed_from) != len(args.seeds):
+            parser.error(f"--fixed-from gives {len(args.fixed_from)} result(s) for "
+                         f"{len(args.seeds)} seed(s); give one per seed of --seeds")
+        args.configs = [c for c in (args.configs or CONFIGS) if c in ("gns", "goodput")]
+        if not args.configs:
+            parser.error("--fixed-from runs the policies only; add --configs gns and/or goodput")
     worker(args) if args.worker else launch(args)
 
 

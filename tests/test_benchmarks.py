@@ -280,6 +280,8 @@ def test_time_to_accuracy_over_seeds_compares_means_and_every_seed(capsys):
     (["--seeds", "-1"], "--seeds -1 is not valid; use distinct ints >= 0"),
     (["--seed", "3"], "--seed=3 is the workers' own option; use --seeds 3"),
     (["--tune", "--seeds", "0", "1"], "--tune runs one seed, got --seeds 0 1"),
+    (["--fixed-from", "a", "b"], "--fixed-from gives 2 result(s) for 1 seed(s)"),
+    (["--fixed-from", "a", "--configs", "small"], "--fixed-from runs the policies only"),
 ])
 def test_time_to_accuracy_refuses_bad_seeds_before_any_run(argv, message):
     proc = run_benchmark("time_to_accuracy", *argv, timeout=60, returncode=2)
@@ -672,3 +674,33 @@ def test_the_real_tasks_read_their_data_from_the_pinned_wheels(monkeypatch, tmp_
     monkeypatch.setattr(data, "WHEEL_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="run `make bench-data`"):
         data.mnist_5k()
+
+
+@pytest.mark.primary_only
+def test_time_to_accuracy_compares_the_policies_with_stored_fixed_runs():
+    """``--fixed-from``: the fixed runs of an earlier run (its raw results,
+    whose directory the report names), the policies run now; the merged
+    report holds the stored best fixed batch and (c)'s stored target, and
+    a stored run made with other settings is refused."""
+    import re
+
+    fixed = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs",
+                          "small", "fixed", "--protocols", "b", "c").stdout
+    (raw,) = re.search(r"raw results \(for --fixed-from\): (\S+)", fixed).groups()
+    stored = {l["protocol"]: l for l in bench_lines(fixed)}
+    now = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "gns",
+                        "--protocols", "a", "c", "--fixed-from", raw).stdout
+    assert f"the fixed runs and step times from an earlier run: {raw}" in now
+    lines = {l["protocol"]: l for l in bench_lines(now)}
+    assert sorted(lines) == ["a", "c"]
+    # (a) takes (b)'s fixed runs, (c) its own and its target
+    assert lines["a"]["best_fixed"] == stored["b"]["best_fixed"]
+    assert lines["c"]["best_fixed"] == stored["c"]["best_fixed"]
+    assert lines["c"]["target"] == stored["c"]["target"]
+    assert lines["a"]["step_ms"]["fixed"] == stored["b"]["step_ms"]["fixed"]
+    for p, line in lines.items():
+        assert set(line["configs"]) == {"small", "gns"}
+        assert line["configs"]["small"] == stored["c" if p == "c" else "b"]["configs"]["small"]
+    refused = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "gns",
+                            "--set", "digits.passes=2", "--fixed-from", raw, returncode=1)
+    assert "task digits's settings differ (passes)" in refused.stderr
