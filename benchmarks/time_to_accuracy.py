@@ -505,8 +505,9 @@ def report(result, elapsed, curves=False):
                   "(wall times from two runs of the workers)")
         report_step_times(task_res)
         for p, res in task_res["protocols"].items():
-            report_protocol(task, p, result, res, curves)
-            print(json.dumps(summary(task, p, result, res, task_res["step_ms"])))
+            line = summary(task, p, result, res, task_res["step_ms"])
+            report_protocol(task, p, result, res, line, curves)
+            print(json.dumps(line))
     print(f"\nbenchmark took {elapsed:.0f} s")
 
 
@@ -526,7 +527,7 @@ def report_step_times(task_res):
                   + "  ".join(f"{b}: {ms:.2f}" for b, ms in runs[config]["step_ms"].items()))
 
 
-def report_protocol(task, p, result, res, curves):
+def report_protocol(task, p, result, res, line, curves):
     s, runs = res["settings"], res["runs"]
     budget = {"a": f"{s['passes']:g} passes for the fixed runs, the policies on progress epochs",
               "b": f"{s['passes']:g} passes for everyone",
@@ -574,7 +575,6 @@ def report_protocol(task, p, result, res, curves):
                            for a, u, w, acc, b, g in r["curve"]))
             for step, before, after, reason in r.get("decisions", []):
                 print(f"    update {step}: batch {before} -> {after} ({reason})")
-    line = summary(task, p, result, res, {})
     for prefix in ("", "goodput_"):
         if prefix + "speedup_vs_best_fixed" in line:
             print(f"{prefix or 'gns_'}vs best fixed: speedup {line[prefix + 'speedup_vs_best_fixed']}"
@@ -931,10 +931,10 @@ def protocol_results(s, done, protocols):
         return {"target": target, "settings": s, "runs": runs, "sweep": sweep}
 
     out = {}
-    for p in protocols:
+    for p in sorted(protocols):  # (c)'s target comes from (b)'s runs
         target = s["target"]
         if p == "c":
-            best = best_fixed(pick("b", s["target"]))
+            best = best_fixed(out.get("b") or pick("b", s["target"]))
             # without fixed runs here, the target of stored ones (--fixed-from)
             target = (s.get("high_target") if best is None
                       else round(best["final"] - EQUAL_ACCURACY, 4))
