@@ -35,10 +35,11 @@ same seeded, sharded data stream (``keras_adapt.data.AdaptiveBatchDataset``); a
   run, the fastest to the target: the batch and rate a user would have
   tuned;
 * ``gns``     ``GNSBatchSizePolicy`` with the library's defaults (batch ->
-  a multiple of the measured noise scale, the LR scaled linearly with it;
-  on a sample budget only while 300 updates remain in it, which it is
-  told): starts at the small batch with the small batch's LR; the batch
-  grows through the dataset's micro-batch;
+  a multiple of the measured noise scale, at most doubling per change,
+  the LR scaled linearly with it; on a sample budget, which it is told,
+  the rest of the budget keeps 100 updates: the batch grows only that far
+  and shrinks as the budget runs out): starts at the small batch with
+  the small batch's LR; the batch changes through the dataset's micro-batch;
 * ``goodput`` ``GoodputBatchSizePolicy`` with the library's defaults (no
   per-task setting): same start, its default AdaScale rule; up to the
   batch with the most goodput while every sample keeps efficiency

@@ -43,6 +43,7 @@ def _policy(times=None, **kwargs):
     kwargs.setdefault("warmup_updates", 0)
     kwargs.setdefault("min_change_interval", 0)
     kwargs.setdefault("price_step_times", True)
+    kwargs.setdefault("max_growth", None)  # the pricing alone, from the start batch to the target
     policy = GNSBatchSizePolicy(16, 4096, micro_batch_size=16, **kwargs)
     policy.set_model(model)
     for k, t in (times or {}).items():

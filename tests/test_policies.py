@@ -66,7 +66,7 @@ def _drive(policy, model, script):
 def test_gns_policy_scripted_decisions_bounds_hysteresis_interval():
     model = _model()
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
                                 hysteresis=0.5, min_change_interval=30, warmup_updates=0,
                                 interval=10, gns_multiple=1.0)
     script = [
@@ -88,7 +88,7 @@ def test_gns_policy_scripted_decisions_bounds_hysteresis_interval():
 def test_gns_policy_decreases_only_when_allowed_and_not_below_min():
     model = _model()
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
                                 hysteresis=0.25, min_change_interval=0, warmup_updates=0,
                                 allow_decrease=True, interval=10, gns_multiple=1.0)
     decisions = _drive(policy, model, [(10, 128.0 * n), (20, 110.0 * n), (30, 60.0 * n),
@@ -108,7 +108,7 @@ def test_gns_policy_warmup_counts_updates_not_measurements():
     # warm-up of 1000 updates, though fewer than 1000 measurements were taken
     model = _model()
     stats = model.optimizer.gradient_statistics
-    policy = GNSBatchSizePolicy(min_batch=16, max_batch=1024, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16, max_batch=1024, micro_batch_size=16,
                                 warmup_updates=1000, min_change_interval=0, interval=10, gns_multiple=1.0)
     policy.set_model(model)
     _script_gns(model, 500.0, updates=150, stats_interval=10)
@@ -122,7 +122,7 @@ def test_gns_policy_warmup_counts_updates_not_measurements():
 def test_gns_policy_moves_lr_with_the_rule_and_writes_events(tmp_path):
     model = _model(lr=0.1)
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
                                 scaling_rule="sqrt", warmup_updates=0, min_change_interval=0,
                                 interval=10, log_dir=str(tmp_path))
     _drive(policy, model, [(10, 64.0 * n)])
@@ -142,61 +142,93 @@ def test_gns_policy_moves_lr_with_the_rule_and_writes_events(tmp_path):
 
 def test_gns_policy_defaults_follow_the_noise_scale_with_linear_lr():
     # The library's defaults (the time-to-accuracy benchmark runs with them):
-    # gns_multiple 2, hysteresis 0.25, a change at most every 20 updates,
-    # 50 warm-up updates, no sample budget (300 updates kept when one is
-    # given), the learning rate scaled linearly with the batch.
+    # gns_multiple 2, hysteresis 0.25, a change at most every 20 updates and
+    # at most x2 each, 50 warm-up updates, no sample budget (100 updates
+    # kept when one is given), the learning rate scaled linearly with the batch.
     model = _model(lr=0.1)
     n = keras_adapt.size()
     policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=256 * n, micro_batch_size=16,
                                 warmup_updates=0)
     assert (policy.gns_multiple, policy.hysteresis, policy.min_change_interval,
-            GNSBatchSizePolicy(16, 256).warmup_updates) == (2.0, 0.25, 20, 50)
-    assert (policy.sample_budget, policy.min_updates_left) == (None, 300)
+            GNSBatchSizePolicy(16, 256).warmup_updates, policy.max_growth) == (2.0, 0.25, 20, 50, 2.0)
+    assert (policy.sample_budget, policy.min_updates_left) == (None, 100)
     assert policy.get_config()["scaling_rule"] == {"name": "linear", "warmup_steps": 0}
     script = [
         (10, 9.5 * n),    # 2 x 9.5n = 19n < 1.25 x 16n = 20n: inside the band
         (20, 16.0 * n),   # grow to 2 x 16n = 32n (k = 2)
         (30, 64.0 * n),   # 10 updates since the change (< 20): wait
-        (40, 64.0 * n),   # 20 since the change: grow to 128n (k = 8)
-        (60, 75.0 * n),   # 150n < 1.25 x 128n = 160n: inside the band
+        (40, 64.0 * n),   # 20 since the change: the target 128n, at most x2: 64n (k = 4)
+        (60, 64.0 * n),   # and on to 128n (k = 8)
+        (80, 75.0 * n),   # 150n < 1.25 x 128n = 160n: inside the band
     ]
-    assert _drive(policy, model, script) == [(20, 16 * n, 32 * n), (40, 32 * n, 128 * n)]
+    assert _drive(policy, model, script) == [(20, 16 * n, 32 * n), (40, 32 * n, 64 * n),
+                                             (60, 64 * n, 128 * n)]
+    reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
+    assert ["at most x2 per change" in r for r in reasons] == [False, True, False]
     lrs = [(e["step"], e["after"]["lr_factor"], e["after"]["lr"])
            for e in policy.events if e["kind"] == "lr"]
-    # linear: factor B / B0 = 2 then 8 on the configured 0.1
-    assert [(s, f) for s, f, _ in lrs] == [(20, 2.0), (40, 8.0)]
-    assert [lr for _, _, lr in lrs] == pytest.approx([0.2, 0.8], rel=1e-6)
+    # linear: factor B / B0 = 2, 4, then 8 on the configured 0.1
+    assert [(s, f) for s, f, _ in lrs] == [(20, 2.0), (40, 4.0), (60, 8.0)]
+    assert [lr for _, _, lr in lrs] == pytest.approx([0.2, 0.4, 0.8], rel=1e-6)
     assert policy.lr_follower.lr.current_lr() == pytest.approx(0.8, rel=1e-6)
 
 
-def test_gns_policy_sample_budget_caps_growth_to_keep_updates_left():
+def test_gns_policy_sample_budget_caps_growth_and_shrinks_to_keep_updates_left():
     # A budget of 20000n samples, 100 updates to keep: at update 10 (160n
     # samples trained at 16n) the cap is (20000n - 160n) // 100 and the
-    # batch grows only to it; from then on every update takes 192n samples,
-    # the cap shrinks below a band-sized step, and the batch stays (the cap
-    # never shrinks it).
+    # batch grows only to it. From then on the cap falls with every update;
+    # once it is a band (x1.25) below the batch, the batch shrinks to it,
+    # and again, down to min_batch: the rest of the budget always holds
+    # about 100 updates or more.
     model = _model()
     n = keras_adapt.size()
     budget, keep = 20_000 * n, 100
     policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=1024 * n, micro_batch_size=16,
                                 warmup_updates=0, min_change_interval=0, interval=10,
-                                sample_budget=budget, min_updates_left=keep)
-    decisions = _drive(policy, model, [(10, 500.0 * n), (20, 500.0 * n), (100, 500.0 * n)])
+                                max_growth=None, sample_budget=budget, min_updates_left=keep)
+    decisions = _drive(policy, model, [(10, 500.0 * n), (400, 500.0 * n)])
     cap = (budget - 10 * 16 * n) // keep
     assert cap == 198 * n
-    assert decisions == [(10, 16 * n, 192 * n)]  # 198n through 16-sample micro-batches: k = 12
-    reasons = [e["reason"] for e in policy.events if e["kind"] == "batch_size"]
-    assert f"{budget - 160 * n} samples left: at most {cap} for 100 updates" in reasons[0]
-    assert policy.progress.samples == 10 * 16 * n + 90 * 192 * n
-    assert policy.budget_cap() == max(16 * n, (budget - policy.progress.samples) // keep) == 25 * n
-    assert policy.batch.value == 192 * n
-    assert policy.get_state()["training_progress"]["samples"] == policy.progress.samples
+    assert decisions[0] == (10, 16 * n, 192 * n)  # 198n through 16-sample micro-batches: k = 12
+    events = [e for e in policy.events if e["kind"] == "batch_size"]
+    assert f"{budget - 160 * n} samples left: at most {cap} for 100 updates" in events[0]["reason"]
+    # Replay the samples: every later change is a shrink at the first
+    # decision where the cap (samples left // 100) is a band below the batch.
+    samples, batch, step, expected = 160 * n, 192 * n, 10, []
+    while step < 400:
+        samples += 10 * batch
+        step += 10
+        cap = (budget - samples) // keep
+        if batch > 16 * n and cap * 1.25 <= batch:
+            made = max(16 * n, 16 * n * max(1, round(cap / (16 * n))))
+            if made != batch:  # a cap made as the same batch changes nothing
+                expected.append((step, batch, made, budget - samples, cap))
+                batch = made
+    assert len(expected) >= 4 and expected[-1][2] == 16 * n   # down to min_batch
+    assert decisions[1:] == [(s, before, after) for s, before, after, _, _ in expected]
+    for event, (_, _, _, left, cap) in zip(events[1:], expected):
+        assert event["reason"].startswith(f"budget: {left} samples left, at most {cap} for "
+                                          "100 updates")
+    assert policy.progress.samples == samples
+
+
+def test_gns_policy_grows_at_most_max_growth_per_change():
+    model = _model()
+    n = keras_adapt.size()
+    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=1024 * n, micro_batch_size=16,
+                                warmup_updates=0, min_change_interval=0, interval=10,
+                                max_growth=3.0)
+    # target 2 x 600n, clipped to 1024n: x3 per decision (16n -> 48n -> 144n
+    # -> 432n), then the bound
+    assert _drive(policy, model, [(40, 600.0 * n)]) == [
+        (10, 16 * n, 48 * n), (20, 48 * n, 144 * n), (30, 144 * n, 432 * n),
+        (40, 432 * n, 1024 * n)]
 
 
 def test_gns_policy_without_a_budget_grows_to_max_batch():
     model = _model()
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=1024 * n, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=1024 * n, micro_batch_size=16,
                                 warmup_updates=0, min_change_interval=0, interval=10)
     assert policy.budget_cap() == 1024 * n
     assert _drive(policy, model, [(10, 5000.0 * n)]) == [(10, 16 * n, 1024 * n)]
@@ -206,7 +238,7 @@ def test_gns_policy_without_a_budget_grows_to_max_batch():
 def test_gns_policy_without_a_rule_leaves_the_learning_rate():
     model = _model(lr=0.1)
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
                                 scaling_rule=None, warmup_updates=0, interval=10)
     assert _drive(policy, model, [(10, 64.0 * n)]) == [(10, 16 * n, 64 * n)]
     assert [e["kind"] for e in policy.events] == ["batch_size"]
@@ -244,7 +276,7 @@ def test_scheduled_policy_changes_at_epoch_begin():
 def test_lr_scaling_policy_follows_batch_events_at_the_same_step():
     model = _model(lr=0.1)
     n = keras_adapt.size()
-    gns_policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
+    gns_policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=64 * n, micro_batch_size=16,
                                     scaling_rule=None, warmup_updates=0, min_change_interval=0,
                                     interval=10)
     lr_policy = LRScalingPolicy("linear", base_batch=16 * n, micro_batch_size=16, interval=10)
@@ -276,7 +308,7 @@ def test_config_round_trip():
 def test_state_round_trip_resumes_batch_lr_and_progress(tmp_path):
     model = _model(lr=0.1)
     n = keras_adapt.size()
-    policy = GNSBatchSizePolicy(min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
+    policy = GNSBatchSizePolicy(max_growth=None, min_batch=16 * n, max_batch=128 * n, micro_batch_size=16,
                                 scaling_rule="adascale", warmup_updates=0,
                                 min_change_interval=0, interval=10)
     _drive(policy, model, [(10, 128.0 * n), (20, 128.0 * n)])
@@ -337,6 +369,7 @@ def test_base_policy_calls_adapt_every_interval_updates_with_statistics():
     (lambda: GNSBatchSizePolicy(32, 64, allow_decrease="yes"), TypeError, "allow_decrease"),
     (lambda: GNSBatchSizePolicy(32, 64, sample_budget=0), ValueError, "sample_budget=0"),
     (lambda: GNSBatchSizePolicy(32, 64, min_updates_left=0.5), ValueError, "min_updates_left=0.5"),
+    (lambda: GNSBatchSizePolicy(32, 64, max_growth=0.5), ValueError, "max_growth=0.5"),
     (lambda: GoodputBatchSizePolicy(64, 32), ValueError, "larger than max_batch"),
     (lambda: GoodputBatchSizePolicy(32, 64, min_efficiency=0), ValueError, "min_efficiency=0"),
     (lambda: ScheduledBatchSizePolicy({}), ValueError, "non-empty dict"),

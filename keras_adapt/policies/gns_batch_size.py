@@ -59,34 +59,46 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     first ramp, which is priced flat, and where it cut later growth it cost
     accuracy (docs/policies.md, "Step times, measured").
 
+    The batch grows by at most ``max_growth`` (2) per change, so the
+    learning rate that follows it rises in steps the model can take: the
+    first noise-scale estimates are noisy (on ``names_text`` the first said
+    121, the next 51), and a jump from 32 to 244 at 7.6x the rate, which the
+    linear rule made there, ended the run at chance. Doubling every
+    ``min_change_interval`` updates still reaches 16x the start batch in
+    80 updates.
+
     With a ``sample_budget`` (the global samples the whole run trains on,
-    e.g. ``epochs x len(x)``) the batch also stays small enough that the
-    rest of the budget is at least ``min_updates_left`` updates: it grows to
-    at most ``samples left / min_updates_left`` (:meth:`budget_cap`), and
-    not at all when that leaves less than a band-sized step. Training at
-    the critical batch costs about twice the minimal samples (McCandlish et
-    al.); when the budget is loose that buys time for free, when it is
-    tight the run ends under-trained, with too few updates left for the end
-    of its schedule. The cap only limits growth: by itself it never shrinks
-    the batch. On progress epochs (``epoch_end="progress"``) there is no
-    budget in samples and no cap is needed: an update adds at most
-    ``B_simple + base_batch`` progress at any batch, so the end of the
-    schedule always keeps ``progress left / (B_simple + base_batch)``
-    updates; a ``sample_budget`` there is refused.
+    e.g. ``epochs x len(x)``) the batch keeps at least ``min_updates_left``
+    updates in the rest of the budget: it grows to at most
+    ``samples left / min_updates_left`` (:meth:`budget_cap`), and once that
+    cap falls a band below the batch as the budget runs out, the batch
+    shrinks to it. The end of a sample budget is where the accuracy is made
+    (the learning rate's decay): there every sample buys more progress at a
+    small batch, and with the learning rate following the batch the noise
+    of an update stays where the schedule put it. Without the shrink, a
+    batch at twice the noise scale spent the whole budget at a third of a
+    small batch's progress per sample and ended up to 1.4 points below a
+    tuned fixed batch; with it, the last ``min_updates_left x ln(...)``
+    updates run at ever smaller batches (docs/policies.md, "Shrinking at
+    the end of a sample budget"). On progress epochs
+    (``epoch_end="progress"``) there is no budget in samples and no cap is
+    needed: an update adds at most ``B_simple + base_batch`` progress at any
+    batch, so the end of the schedule always keeps
+    ``progress left / (B_simple + base_batch)`` updates; a ``sample_budget``
+    there is refused.
 
     The defaults were chosen on ``benchmarks/time_to_accuracy.py`` (see
-    docs/policies.md, "When adaptive batch size pays off"): the batch goes
-    to twice the measured noise scale (``gns_multiple`` 2; 1, the critical
-    batch of McCandlish et al., grew too slowly on digits, and 2 lost
-    accuracy on the tight budget of the wide task until the budget rule
-    kept ``min_updates_left`` 300 updates), the learning
-    rate scales linearly with it (the small batch's progress per sample;
-    AdaScale's gain, about half the scale at the critical batch, expects a
-    schedule that runs on its progress, and under a fixed sample budget it
-    ended 1.2 points lower there), and a change may follow the last after
-    ``min_change_interval`` 20 updates: the statistics' moving average
-    already lags by about 100 updates, so the interval need not add as much
-    again.
+    docs/policies.md, "When adaptive batch size pays off" and "Shrinking at
+    the end of a sample budget"): the batch goes to twice the measured
+    noise scale (``gns_multiple`` 2; 1, the critical batch of McCandlish et
+    al., grew too slowly on digits), at most doubling per change, the
+    learning rate scales linearly with it (the small batch's progress per
+    sample; AdaScale's gain, the optimal step size's ratio of McCandlish et
+    al., ended 0.6 to 1.9 points below it on five of six tasks at equal
+    samples), on a budget 100 updates are kept, and a change may follow
+    the last after ``min_change_interval`` 20 updates: the statistics'
+    moving average already lags by about 100 updates, so the interval need
+    not add as much again.
 
     Args:
         min_batch, max_batch: bounds of the global batch.
@@ -96,11 +108,14 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         warmup_updates: optimizer updates the statistics must cover before
             the first decision (independent of ``stats_interval``).
         allow_decrease: also shrink the batch when the noise scale falls.
+        max_growth: the largest factor by which one change grows the batch
+            (>= 1; default 2; ``None``: straight to the target).
         sample_budget: global training samples of the whole run (None: no
             budget, the batch follows the noise scale up to ``max_batch``);
             not with ``epoch_end="progress"``.
-        min_updates_left: updates the budget must still hold at the new
-            batch (>= 1; default 300, see docs/policies.md).
+        min_updates_left: updates the rest of the budget must hold at the
+            batch (>= 1; default 100): growth stops there and the batch
+            shrinks as the budget runs out (see above).
         scaling_rule: how the learning rate follows the batch (default
             ``"linear"``: lr x B / base_batch, Goyal et al.); ``None`` leaves
             it alone (e.g. when an :class:`LRScalingPolicy` drives it).
@@ -133,7 +148,8 @@ class GNSBatchSizePolicy(BatchSizePolicy):
 
     def __init__(self, min_batch, max_batch, gns_multiple=2.0, hysteresis=0.25,
                  min_change_interval=20, warmup_updates=50, allow_decrease=False,
-                 sample_budget=None, min_updates_left=300, scaling_rule="linear",
+                 max_growth=2.0, sample_budget=None, min_updates_left=100,
+                 scaling_rule="linear",
                  price_step_times=False, confidence=2.0, throughput_model=None, **kwargs):
         super().__init__(min_batch, max_batch, scaling_rule=scaling_rule, **kwargs)
         check_bool("price_step_times", price_step_times)
@@ -160,6 +176,9 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         self.min_change_interval = check_int("min_change_interval", min_change_interval, 0)
         self.warmup_updates = check_int("warmup_updates", warmup_updates, 0)
         self.allow_decrease = check_bool("allow_decrease", allow_decrease)
+        self.max_growth = (None if max_growth is None else check_float(
+            "max_growth", max_growth, 1.0,
+            fix="use a float >= 1 (the largest factor of one change), or None for no limit"))
 
     def budget_cap(self):
         """The largest global batch that leaves ``min_updates_left`` updates in
@@ -173,6 +192,24 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     def target_for(self, gns):
         """The clipped target global batch for noise scale ``gns``."""
         return min(max(self.gns_multiple * gns, self.min_batch), self.budget_cap())
+
+    def shrinks_to(self, current):
+        """The budget's cap when it has fallen a band below ``current`` (the
+        batch then shrinks to it), else None. Without a ``sample_budget``
+        always None.
+
+        Example:
+
+        >>> from keras_adapt.policies import GNSBatchSizePolicy
+        >>> policy = GNSBatchSizePolicy(32, 1024, micro_batch_size=32,
+        ...                             sample_budget=20_000, min_updates_left=100)
+        >>> policy.shrinks_to(256), policy.shrinks_to(160)   # cap: 20000 // 100 = 200
+        (200, None)
+        """
+        if self.sample_budget is None or current <= self.min_batch:
+            return None
+        cap = self.budget_cap()
+        return cap if cap * (1.0 + self.hysteresis) <= current else None
 
     def fastest_batch(self, current, target, gns, fit=None):
         """Of the global batches from ``current`` up to ``target``, the one
@@ -211,10 +248,15 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         return best
 
     def should_change(self, step, gns, covered_updates, current):
-        """The decision rule: the target batch, or None to keep ``current``."""
-        if gns is None or not math.isfinite(gns) or covered_updates < self.warmup_updates:
-            return None
+        """The decision rule: the target batch, or None to keep ``current``.
+        The budget's shrink needs no statistics; growth needs a finite noise
+        scale over ``warmup_updates``."""
         if self._last_change is not None and step - self._last_change < self.min_change_interval:
+            return None
+        shrunk = self.shrinks_to(current)
+        if shrunk is not None:
+            return shrunk
+        if gns is None or not math.isfinite(gns) or covered_updates < self.warmup_updates:
             return None
         # The band is tested on the unclipped target, so a target beyond a
         # bound still moves the batch all the way to that bound.
@@ -227,7 +269,7 @@ class GNSBatchSizePolicy(BatchSizePolicy):
             # toward it is made only while it is still band-sized.
             if cap < self.max_batch and cap < current * band:
                 return None
-            target = self.target_for(gns)
+            target = self._grown(gns, current)
             fastest = self.fastest_batch(current, target, gns)
             if fastest < target and fastest < current * band:
                 return None  # growing pays less than its cost in step time
@@ -240,31 +282,47 @@ class GNSBatchSizePolicy(BatchSizePolicy):
         current = self.batch.value
         gns = values.get("gns")
         target = self.should_change(step, gns, values.get("covered_updates", 0), current)
-        if target is not None:
-            self.change_batch(
-                target,
-                f"gns {gns:.1f} x {self.gns_multiple:g} -> target {target:.0f} "
-                f"(batch {current}, band x{1 + self.hysteresis:g}{self._budget_note(gns)}"
-                f"{self._time_note(gns, target)})",
-                values,
-            )
+        if target is None:
+            return
+        if target == self.shrinks_to(current):
+            left = self.sample_budget - self.progress.samples
+            reason = (f"budget: {left} samples left, at most {target} for "
+                      f"{self.min_updates_left} updates (batch {current})")
+        else:
+            reason = (f"gns {gns:.1f} x {self.gns_multiple:g} -> target {target:.0f} "
+                      f"(batch {current}, band x{1 + self.hysteresis:g}{self._budget_note(gns)}"
+                      f"{self._growth_note(gns, current, target)}"
+                      f"{self._time_note(gns, current, target)})")
+        self.change_batch(target, reason, values)
 
     def get_config(self):
         config = super().get_config()
         config.update(gns_multiple=self.gns_multiple, hysteresis=self.hysteresis,
                       min_change_interval=self.min_change_interval,
                       warmup_updates=self.warmup_updates, allow_decrease=self.allow_decrease,
-                      sample_budget=self.sample_budget, min_updates_left=self.min_updates_left,
+                      max_growth=self.max_growth, sample_budget=self.sample_budget,
+                      min_updates_left=self.min_updates_left,
                       price_step_times=self.price_step_times, confidence=self.confidence)
         return config
 
-    def _time_note(self, gns, target):
-        if target >= self.target_for(gns) - 0.5:
+    def _grown(self, gns, current):
+        """The target for ``gns`` within one change's growth from ``current``."""
+        target = self.target_for(gns)
+        return target if self.max_growth is None else min(target, current * self.max_growth)
+
+    def _growth_note(self, gns, current, target):
+        if target < self._grown(gns, current) - 0.5 or self._grown(gns, current) >= (
+                self.target_for(gns) - 0.5):
+            return ""
+        return f"; at most x{self.max_growth:g} per change"
+
+    def _time_note(self, gns, current, target):
+        if target >= self._grown(gns, current) - 0.5:
             return ""
         fit = self.throughput_model.fit()
         kind = "model" if fit.usable else "tentative fit"
         return (f"; step times ({kind}): {target:.0f} is the fastest batch "
-                f"up to {self.target_for(gns):.0f}")
+                f"up to {self._grown(gns, current):.0f}")
 
     def _budget_note(self, gns):
         cap = self.budget_cap()

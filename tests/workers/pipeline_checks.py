@@ -104,9 +104,11 @@ def run(name, model, policy, data, steps, **fit_kwargs):
 
 # rebatch: the policy grows the micro-batch of the user's pipeline, then k
 pipeline = AdaptiveBatchPipeline(examples(), micro_batch_size=8, prefetch=64)
+# (straight to each target, max_growth=None: the switching is what is checked,
+# and every decision then falls on an update some step begins at)
 policy = GNSBatchSizePolicy(min_batch=16, max_batch=512, dataset=pipeline, max_micro_batch_size=64,
                             scaling_rule="sqrt", warmup_updates=20, min_change_interval=20,
-                            interval=10)
+                            interval=10, max_growth=None)
 steps = Steps(pipeline)
 run("rebatch", build(), policy, pipeline.dataset, steps, steps_per_epoch=60, epochs=3)
 results["rebatch"]["changes"] = pipeline.changes
