@@ -32,9 +32,10 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     * the unclipped target leaves the hysteresis band: it is >=
       ``(1 + hysteresis) x`` the current batch (or, with ``allow_decrease``,
       <= current / ``(1 + hysteresis)``); the batch then moves to the
-      clipped target.
+      clipped target, growing at most ``max_growth`` times (below).
 
-    A noise scale that is not finite (nothing resolved yet) changes nothing.
+    A noise scale that is not finite (nothing resolved yet) changes nothing;
+    the shrink at the end of a sample budget (below) needs none.
 
     **Step times** (``price_step_times=True``; off by default). Where an update gets
     costlier as the batch grows (a device that is full), the batch that
