@@ -9,6 +9,9 @@ batch size (:mod:`keras_adapt.plan`).
 ``host:slots`` lines for ``horovodrun --host-discovery-script``: the hosts
 not excluded (``StragglerPolicy(action="exclude")`` writes X), capped by the
 target worker count a resize policy writes (:mod:`keras_adapt.discover`).
+``keras-adapt build-horovod`` builds Horovod 0.28.1, patched for current
+TensorFlow, into the active environment (:mod:`keras_adapt.horovod_build`).
+``keras-adapt --version`` prints the version.
 
 Example:
 
@@ -30,6 +33,9 @@ def _parser():
         prog="keras-adapt",
         description="Tools for keras-adapt runs (adaptive distributed training for Keras).",
     )
+    from keras_adapt.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"keras-adapt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     rep = sub.add_parser(
         "report",
@@ -104,6 +110,34 @@ def _parser():
     disc.add_argument("--exclude-file", metavar="X",
                       help="file with one host name per line to leave out (# comments "
                       "allowed); default $KERAS_ADAPT_EXCLUDE_FILE")
+    hb = sub.add_parser(
+        "build-horovod",
+        help="build Horovod 0.28.1 into this environment, against its TensorFlow",
+        description="Builds Horovod 0.28.1 from its source distribution, with the patches "
+        "keras-adapt ships so that it compiles against current TensorFlow, into the "
+        "environment of this Python: Gloo always, MPI when mpicc is found, TensorFlow as the "
+        "framework, and NCCL's GPU operations when TensorFlow is a GPU build and a CUDA "
+        "toolkit of its CUDA version and NCCL are found (the system's, or NVIDIA's pip "
+        "wheels). Checks TensorFlow's headers and C++ ABI first, verifies the result with "
+        "horovodrun --check-build and a one-process allreduce, and records it; run again, it "
+        "does nothing unless TensorFlow, the patches or the options changed.",
+    )
+    hb.add_argument("--dry-run", action="store_true",
+                    help="print what would be built, and every command, without doing it")
+    hb.add_argument("--cpu-only", action="store_true",
+                    help="leave out the GPU (NCCL) operations even where they could be built")
+    hb.add_argument("--cuda-home", metavar="DIR",
+                    help="CUDA toolkit to build with (default: $CUDA_HOME, NVIDIA's pip wheels, "
+                    "nvcc on PATH, /usr/local/cuda; the first of TensorFlow's CUDA version)")
+    hb.add_argument("--nccl-home", metavar="DIR",
+                    help="NCCL to build with: DIR/include/nccl.h, DIR/lib/libnccl.so* "
+                    "(default: $NCCL_HOME, the nvidia-nccl pip wheel, the system)")
+    hb.add_argument("--sdist", metavar="FILE",
+                    help="horovod-0.28.1.tar.gz to build instead of downloading it")
+    hb.add_argument("--jobs", type=int, metavar="N",
+                    help="parallel compile jobs (default: the number of CPUs)")
+    hb.add_argument("--force", action="store_true",
+                    help="build even when this environment's recorded build is up to date")
     return parser
 
 
@@ -134,17 +168,53 @@ def _plan(args):
     except (ValueError, FileNotFoundError) as exc:
         print(f"keras-adapt plan: {_option_names(str(exc))}", file=sys.stderr)
         return 2
+    except ImportError as exc:
+        print(f"keras-adapt plan: {exc}", file=sys.stderr)
+        return 1
     print(result.to_json() if args.json else plan.format_table(result))
     return 0
 
 
 def _option_names(message):
     """The library's argument names in a message, spelled as the command's options."""
-    for name in ("price_on_demand", "price_preemptible", "revocations_per_hour",
+    for name in ("cuda_home", "nccl_home", "cpu_only", "sdist", "jobs",
+                 "price_on_demand", "price_preemptible", "revocations_per_hour",
                  "checkpoint_seconds", "restart_seconds", "noise_scale", "base_batch",
                  "max_micro_batch", "batch_sizes"):
         message = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), message)
     return re.sub(r"\b(samples|workers)([=:])", r"--\1\2", message)
+
+
+def _build_horovod(args):
+    from keras_adapt import horovod_build
+
+    try:
+        plan = horovod_build.plan_build(sys.executable, cpu_only=args.cpu_only,
+                                        cuda_home=args.cuda_home, nccl_home=args.nccl_home,
+                                        sdist=args.sdist, jobs=args.jobs)
+    except ValueError as exc:
+        print(f"keras-adapt build-horovod: {_option_names(str(exc))}", file=sys.stderr)
+        return 2
+    except (horovod_build.BuildError, RuntimeError) as exc:
+        print(f"keras-adapt build-horovod: {exc}", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        print(plan.describe())
+        return 0
+    try:
+        record = horovod_build.run_build(plan, force=args.force,
+                                         log=lambda line: print(line, flush=True))
+    except horovod_build.BuildError as exc:
+        print(f"keras-adapt build-horovod: {exc}", file=sys.stderr)
+        return 1
+    if record["up_to_date"]:
+        print(f"keras-adapt build-horovod: up to date: {record['summary']} "
+              f"(recorded in {plan.env.prefix}; --force builds again)")
+    else:
+        print(f"keras-adapt build-horovod: built {record['summary']} in {record['seconds']} s; "
+              f"verified: check-build, one-process allreduce under "
+              f"{' and '.join(record['controllers'])}")
+    return 0
 
 
 def _discover(args):
@@ -181,6 +251,9 @@ def _discover(args):
 def main(argv=None):
     """Runs the command line; returns the exit code (0 ok, 2 bad input).
 
+    ``build-horovod`` returns 1 when the build cannot start or fails, and
+    ``report`` and ``plan`` when an extra they need is not installed.
+
     ``discover`` returns 0 whenever it printed hosts (the last good answer
     after bad input included) and 2 only when it had none to print.
 
@@ -194,6 +267,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "discover":
         return _discover(args)  # polled every second: no TensorFlow import
+    if args.command == "build-horovod":
+        return _build_horovod(args)
     if args.command not in ("report", "plan"):
         parser.print_help()
         return 2
@@ -214,6 +289,9 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as exc:
         print(f"keras-adapt report: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:
+        print(f"keras-adapt report: {exc}", file=sys.stderr)
+        return 1
     print(f"keras-adapt report: wrote {path}")
     print(f"Interactive view: tensorboard --logdir {args.logdir}  (the Adapt tab)")
     return 0

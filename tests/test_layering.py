@@ -126,6 +126,24 @@ def test_the_offline_commands_import_no_framework():
     assert out.strip() == "[]"
 
 
+
+def test_the_horovod_build_imports_no_framework():
+    # keras-adapt build-horovod runs where Horovod is not installed yet (or is
+    # broken), and must not load TensorFlow into the process that builds:
+    # it asks the environment's Python in a new process.
+    out = _run("""
+        import contextlib, io, sys
+        from keras_adapt import cli, horovod_build
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                cli.main(["build-horovod", "--help"])
+            except SystemExit as stop:
+                assert stop.code == 0, stop.code
+        print(sorted(m for m in sys.modules if m.split(".")[0] in %r
+                     or m.startswith("keras_adapt.") and not m.startswith("keras_adapt.horovod_build")))
+    """ % (FRAMEWORKS,))
+    assert out.strip() == "['keras_adapt.cli', 'keras_adapt.version']"
+
 def test_the_formulas_import_no_framework_and_only_the_argument_checks():
     # The pure math stands below every other part: it checks its arguments
     # with keras_adapt.checks (itself framework-free) and imports nothing else.

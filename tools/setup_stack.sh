@@ -3,22 +3,19 @@
 #   tools/setup_stack.sh VENV REQUIREMENTS_FILE
 # 1. the venv with TensorFlow and the test tools (requirements file and the
 #    files it includes with -r),
-# 2. Horovod 0.28.1 compiled against *that* TensorFlow from its source
-#    distribution with tools/horovod-patches/*.patch applied (so it builds on
-#    TensorFlow >= 2.19; see tools/horovod-patches/README.md), installed with
-#    --no-build-isolation so the build sees the same headers and ABI,
+# 2. Horovod 0.28.1 compiled against *that* TensorFlow by `keras-adapt
+#    build-horovod` (the command users run; see
+#    keras_adapt/horovod_build/patches/README.md for the patches),
 # 3. keras-adapt itself, editable, which compiles csrc/ into the op library.
-# Each step is skipped when already done, so a second run is fast. The
-# TensorFlow version Horovod was built against is kept in VENV/.horovod-build;
-# when the installed TensorFlow differs (the requirements moved it), Horovod
-# and the op library are rebuilt.
+# Each step is skipped when already done, so a second run is fast; when the
+# installed TensorFlow changes (the requirements moved it), Horovod and the op
+# library are rebuilt.
 set -euo pipefail
 venv=$1
 req=$2
 python=${PYTHON:-python3}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-HOROVOD_VERSION=0.28.1
-patches=$(cd "$(dirname "$0")/horovod-patches" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 log() { printf '\n[setup %s %s] %s\n' "$venv" "$(date +%T)" "$*"; }
 
@@ -88,75 +85,21 @@ if [ ! -x /usr/sbin/sshd ]; then
 fi
 flock -u 9
 
+# Horovod, built by the command keras-adapt ships (`keras-adapt build-horovod`,
+# run from this checkout before keras-adapt is installed): it downloads the
+# sdist, applies keras_adapt/horovod_build/patches/, builds against this
+# environment's TensorFlow (Gloo, MPI when mpicc exists, NCCL for a GPU
+# TensorFlow with CUDA and NCCL), verifies and records the build in
+# VENV/share/keras-adapt/horovod-build.json. It does nothing when that record
+# matches the TensorFlow, the patches and the options.
+log "Horovod (keras-adapt build-horovod)"
+PYTHONPATH="$root" "$py" -m keras_adapt build-horovod
+
+# The op library's name carries only TensorFlow's major.minor: after any
+# change of TensorFlow, build it again.
 tf_version=$("$py" -c "import tensorflow as tf; print(tf.__version__)")
-hvd_stamp="$venv/.horovod-build"
-# A venv from before the stamp existed: its Horovod was built against the
-# TensorFlow installed then, which is the current one if TensorFlow has not
-# been reinstalled since Horovod was (pip writes INSTALLER at install time).
-if [ ! -f "$hvd_stamp" ] && "$py" - <<'PY' 2>/dev/null
-import importlib.metadata as md, os, sys
-def installed(dist):
-    return max(os.path.getmtime(f.locate()) for f in md.distribution(dist).files if f.name == "INSTALLER")
-def has(dist):
-    try:
-        md.distribution(dist)
-        return True
-    except md.PackageNotFoundError:
-        return False
-tf = max(installed(d) for d in ("tensorflow", "tensorflow-cpu") if has(d))
-sys.exit(0 if installed("horovod") > tf else 1)
-PY
-then
-  echo "tensorflow $tf_version" > "$hvd_stamp"
-fi
-built_for=$(sed -n 's/^tensorflow //p' "$hvd_stamp" 2>/dev/null || true)
-
-rebuild=""
-if ! "$py" -c "import horovod" >/dev/null 2>&1; then
-  rebuild="not installed"
-elif [ "$built_for" != "$tf_version" ]; then
-  rebuild="built against TensorFlow ${built_for:-installed before the current one}, which is now $tf_version"
-elif ! "$py" -c "import horovod.tensorflow" >/dev/null 2>&1; then
-  rebuild="horovod.tensorflow does not import"
-fi
-
-if [ -n "$rebuild" ]; then
-  command -v cmake >/dev/null 2>&1 || "$py" -m pip install -q cmake
-  with_mpi=0 mpi_flag=HOROVOD_WITHOUT_MPI=1
-  if command -v mpicc >/dev/null 2>&1; then with_mpi=1 mpi_flag=HOROVOD_WITH_MPI=1; fi
-  if [ "$rebuild" != "not installed" ]; then
-    # The op library of this TensorFlow minor version may be from the old
-    # TensorFlow too (its name carries only major_minor): build it again.
-    log "Horovod: $rebuild; rebuilding it and the op library"
-    rm -f keras_adapt/ops/_keras_adapt_ops_tf"$(echo "$tf_version" | cut -d. -f1-2 | tr . _)"*.so
-  fi
-  rm -f "$hvd_stamp"
-  src=$(mktemp -d "${TMPDIR:-/tmp}/horovod-src.XXXXXX")
-  trap 'rm -rf "$src"' EXIT
-  log "downloading the horovod==$HOROVOD_VERSION source distribution"
-  # --no-cache-dir throughout: a wheel cached from another stack was built
-  # against a different TensorFlow and must never be reused here.
-  "$py" -m pip download -q --no-cache-dir --no-deps --no-binary :all: -d "$src" "horovod==$HOROVOD_VERSION"
-  tar -xzf "$src/horovod-$HOROVOD_VERSION.tar.gz" -C "$src"
-  for p in "$patches"/*.patch; do
-    log "applying $(basename "$p")"
-    if command -v patch >/dev/null 2>&1; then
-      patch -d "$src/horovod-$HOROVOD_VERSION" -p1 --forward --quiet < "$p"
-    else  # no `patch` installed: git applies a unified diff outside a repository too
-      (cd "$src/horovod-$HOROVOD_VERSION" && git apply -p1) < "$p"
-    fi
-  done
-  log "building horovod==$HOROVOD_VERSION against TensorFlow $tf_version (MPI=$with_mpi); this takes a few minutes"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 \
-  HOROVOD_WITHOUT_MXNET=1 env "$mpi_flag" \
-  MAKEFLAGS="-j$(nproc)" \
-    "$py" -m pip install -q --no-build-isolation --no-cache-dir --force-reinstall --no-deps \
-    "$src/horovod-$HOROVOD_VERSION"
-  rm -rf "$src"
-  echo "tensorflow $tf_version" > "$hvd_stamp"
-  echo "patches $(cd "$patches" && ls *.patch | tr '\n' ' ')" >> "$hvd_stamp"
-  log "horovodrun --check-build"
-  "$venv/bin/horovodrun" --check-build
+if [ "$(cat "$venv/.ops-tensorflow" 2>/dev/null)" != "$tf_version" ]; then
+  rm -f "$root"/keras_adapt/ops/_keras_adapt_ops_tf"$(echo "$tf_version" | cut -d. -f1-2 | tr . _)"*.so
 fi
 
 # Both stacks compile csrc/ in this checkout: one at a time.
@@ -165,3 +108,4 @@ flock 8
 log "installing keras-adapt (editable; compiles csrc/)"
 "$py" -m pip install -q --no-build-isolation --no-deps -e .
 "$py" -c "import keras_adapt.ops as o; print('[setup] op implementation:', o.implementation())"
+echo "$tf_version" > "$venv/.ops-tensorflow"
