@@ -2,12 +2,14 @@
 #   primary: .venv         TensorFlow 2.21.0 + Keras 3   (PRIMARY_TF=2.18: TensorFlow 2.18.1)
 #   legacy:  .venv-keras2  TensorFlow 2.15.1 + tf.keras 2.15
 # Each gets Horovod 0.28.1 compiled from its source distribution, with
-# tools/horovod-patches/ applied, against its own TensorFlow, then
+# keras_adapt/horovod_build/patches/ applied, against its own TensorFlow
+# (by `keras-adapt build-horovod`, the command users run), then
 # keras-adapt installed editable (which compiles csrc/ for that TensorFlow).
 
 PYTHON ?= python3
 VENV := .venv
 VENV2 := .venv-keras2
+VENV_GPU := .venv-gpu
 # The primary stack's TensorFlow: requirements/primary-tf<major.minor>.txt.
 PRIMARY_TF ?= 2.21
 PRIMARY_TF_MINOR := $(word 1,$(subst ., ,$(PRIMARY_TF))).$(word 2,$(subst ., ,$(PRIMARY_TF)))
@@ -25,9 +27,10 @@ export PYTHONUNBUFFERED := 1
 
 OPS_SRC := $(wildcard csrc/*.cc) setup.py
 
-HOROVOD_PATCHES := $(wildcard tools/horovod-patches/*.patch)
+HOROVOD_BUILD := $(wildcard keras_adapt/horovod_build/*.py keras_adapt/horovod_build/patches/*.patch)
 
-.PHONY: setup setup-primary setup-legacy demo test test-primary test-legacy test-install \
+.PHONY: setup setup-primary setup-legacy setup-gpu test-gpu-stack demo test test-primary \
+	test-legacy test-install \
 	test-lane-primary test-lane-legacy bench bench-data clean FORCE
 
 # The two stacks are built side by side: one's downloads and single-threaded
@@ -51,7 +54,7 @@ setup-primary: $(VENV)/.ready
 setup-legacy: $(VENV2)/.ready
 
 $(VENV)/.ready: $(VENV)/.primary-requirements requirements/primary-common.txt $(PRIMARY_REQ) \
-		tools/setup_stack.sh $(HOROVOD_PATCHES) $(OPS_SRC)
+		tools/setup_stack.sh $(HOROVOD_BUILD) $(OPS_SRC)
 	PYTHON=$(PYTHON) bash tools/setup_stack.sh $(VENV) $(PRIMARY_REQ)
 	touch $@
 
@@ -61,9 +64,24 @@ $(VENV)/.primary-requirements: FORCE
 	@mkdir -p $(VENV)
 	@echo $(PRIMARY_REQ) | cmp -s - $@ || echo $(PRIMARY_REQ) > $@
 
-$(VENV2)/.ready: requirements/legacy.txt tools/setup_stack.sh $(HOROVOD_PATCHES) $(OPS_SRC)
+$(VENV2)/.ready: requirements/legacy.txt tools/setup_stack.sh $(HOROVOD_BUILD) $(OPS_SRC)
 	PYTHON=$(PYTHON) bash tools/setup_stack.sh $(VENV2) requirements/legacy.txt
 	touch $@
+
+# The GPU stack: TensorFlow's GPU wheel, CUDA 12 and NCCL from NVIDIA's pip
+# wheels, Horovod built with NCCL by `keras-adapt build-horovod`. It compiles
+# here (no GPU needed); not part of `make setup`/`make test` (about 6 GB and
+# a longer build). tools/gpu_check.sh runs the GPU tests where a GPU exists.
+setup-gpu: $(VENV_GPU)/.ready
+$(VENV_GPU)/.ready: requirements/gpu-tf2.21.txt requirements/primary-common.txt \
+		tools/setup_stack.sh $(HOROVOD_BUILD) $(OPS_SRC)
+	PYTHON=$(PYTHON) bash tools/setup_stack.sh $(VENV_GPU) requirements/gpu-tf2.21.txt
+	$(VENV_GPU)/bin/horovodrun --check-build | grep -q '\[X\] NCCL'
+	touch $@
+
+# The suite's CPU tests in the GPU stack (TensorFlow's GPU wheel runs on the CPU).
+test-gpu-stack: setup-gpu
+	$(VENV_GPU)/bin/python -m pytest tests
 
 # The main example on two local workers (Gloo).
 demo: setup-primary
@@ -90,7 +108,7 @@ test-lane-primary: setup-primary
 test-lane-legacy: setup-primary setup-legacy
 	$(PREFIX) legacy+ $(VENV2)/bin/python -m pytest tests -m "not primary_only"
 	$(PREFIX) legacy+ $(VENV)/bin/python -m pytest $(LANE_SHARED)
-	$(PREFIX) legacy+ bash tools/check_install.sh $(VENV)
+	$(PREFIX) legacy+ bash tools/check_install.sh $(VENV) --user-env
 	$(PREFIX) legacy+ bash tools/check_install.sh $(VENV2)
 
 test-primary: setup-primary
@@ -100,7 +118,7 @@ test-legacy: setup-legacy
 	$(VENV2)/bin/python -m pytest tests -m "not primary_only"
 
 test-install: setup
-	bash tools/check_install.sh $(VENV)
+	bash tools/check_install.sh $(VENV) --user-env
 	bash tools/check_install.sh $(VENV2)
 
 bench: setup bench-data
@@ -112,4 +130,5 @@ bench: setup bench-data
 	$(VENV2)/bin/python benchmarks/time_to_accuracy.py
 
 clean:
-	rm -rf $(VENV) $(VENV2) $(WHEEL_DATA) build *.egg-info keras_adapt/ops/_keras_adapt_ops_*.so
+	rm -rf $(VENV) $(VENV2) $(VENV_GPU) $(WHEEL_DATA) build *.egg-info \
+		keras_adapt/ops/_keras_adapt_ops_*.so

@@ -18,14 +18,6 @@ from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.extension import Extension
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _version():
-    ns = {}
-    with open(os.path.join(HERE, "keras_adapt", "version.py")) as f:
-        exec(f.read(), ns)
-    return ns["__version__"]
 
 
 def _op_extensions():
@@ -77,29 +69,18 @@ class BuildOps(build_ext):
             )
 
 
+# Metadata, dependencies, extras and entry points are in pyproject.toml; the
+# packages and the op library (which needs the build-time TensorFlow) here.
 setup(
-    name="keras-adapt",
-    version=_version(),
-    description="Adaptive distributed training for Keras on Horovod",
-    long_description=open(os.path.join(HERE, "README.md")).read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.9",
     packages=find_packages(include=["keras_adapt", "keras_adapt.*"])
     + ["tensorboard_plugin_adapt"],
     # The TensorBoard plugin lives beside the library (plugins/) but installs
     # as its own top-level package, as TensorBoard's plugin examples do.
     package_dir={"tensorboard_plugin_adapt": "plugins/tensorboard_plugin_adapt"},
-    package_data={"tensorboard_plugin_adapt": ["static/*"]},
+    # The patches `keras-adapt build-horovod` applies to Horovod's sdist.
+    package_data={"tensorboard_plugin_adapt": ["static/*"],
+                  "keras_adapt.horovod_build": ["patches/*.patch", "patches/README.md"]},
     ext_modules=_op_extensions(),
     cmdclass={"build_ext": BuildOps},
-    install_requires=["numpy"],
-    extras_require={"horovod": ["horovod==0.28.1"]},
-    entry_points={
-        # TensorBoard finds its "Adapt" tab here. The loader (rather than the
-        # plugin class) also raises TensorBoard's default of 10 kept points
-        # per third-party tag, which would drop most adaptation events.
-        "tensorboard_plugins": ["adapt = tensorboard_plugin_adapt.plugin:AdaptLoader"],
-        "console_scripts": ["keras-adapt = keras_adapt.cli:main"],
-    },
     zip_safe=False,
 )

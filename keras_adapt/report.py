@@ -32,6 +32,7 @@ import math
 import os
 import struct
 
+from keras_adapt.extras import require
 from keras_adapt.record import metadata, reader
 from keras_adapt.record.runs import load_runs
 
@@ -430,6 +431,7 @@ def write_report(logdir, output, runs=None, max_points=2000, dpi=DPI):
     ext = os.path.splitext(str(output))[1].lower()
     if ext not in (".png", ".html", ".htm"):
         raise ValueError(f"output={str(output)!r} is not valid; end it in .png or .html")
+    require("matplotlib", "report", "keras-adapt report")
     data = load_runs(logdir, runs=runs, max_points=max_points)
     if not data:
         raise ValueError(

@@ -44,3 +44,10 @@ def test_public_names_resolve_lazily():
     assert set(keras_adapt.__all__) <= set(dir(keras_adapt))
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         keras_adapt.nonexistent  # noqa: B018
+
+
+def test_version_prints_the_packages_version():
+    proc = subprocess.run([sys.executable, "-m", "keras_adapt", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0
+    assert proc.stdout == f"keras-adapt {__import__('keras_adapt').__version__}\n"

@@ -88,6 +88,32 @@ def test_tensorboard_finds_the_plugin_and_its_frontend():
 
 
 def test_the_command_line_tool_is_installed():
+    import keras_adapt
+
     script = os.path.join(os.path.dirname(sys.executable), "keras-adapt")
     proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: keras-adapt"), proc.stderr
+    assert "build-horovod" in proc.stdout
+    proc = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == f"keras-adapt {keras_adapt.__version__}\n"
+
+
+def test_the_metadata_names_the_license_the_extras_and_the_patches():
+    dist = importlib.metadata.distribution("keras-adapt")
+    assert dist.metadata["License"] == "Apache-2.0"
+    assert sorted(dist.metadata.get_all("Provides-Extra")) == [
+        "examples", "report", "system", "tensorboard", "test"]
+    from keras_adapt.extras import EXTRAS
+
+    requires = dist.requires
+    for extra, distributions in EXTRAS.items():
+        for name in distributions:  # what the errors name is what the extra installs
+            assert any(r.startswith(name) and f'extra == "{extra}"' in r for r in requires), (
+                extra, name, requires)
+    files = {str(f) for f in dist.files}
+    assert any(f.endswith(".dist-info/LICENSE") for f in files), sorted(files)[:5]
+    from keras_adapt.horovod_build import build
+
+    for name in build.patch_names():
+        assert f"keras_adapt/horovod_build/patches/{name}" in files
+    assert _outside_checkout(build.PATCH_DIR) and len(build.patch_names()) == 2

@@ -11,9 +11,18 @@
 #    wheel, the op library loads, TensorBoard finds the plugin and its frontend,
 #    the command is installed) and one 2-worker job there (the distributed
 #    checks under Gloo on localhost; `make test` runs the rest), from a
-#    directory outside the checkout.
+#    directory outside the checkout,
+# 5. with --user-env: the path of a user with their own environment
+#    (tests/test_user_install.py): a new environment with only the stack's
+#    tensorflow-cpu from PyPI, the wheel, `keras-adapt build-horovod`, the
+#    adaptive-batch example on 2 workers, and each extra in an environment of
+#    its own with the feature it enables.
 set -euo pipefail
 venv=$(cd "$1" && pwd)
+user_env=${2:-}
+if [ -n "$user_env" ] && [ "$user_env" != "--user-env" ]; then
+  echo "usage: tools/check_install.sh VENV [--user-env]" >&2; exit 2
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 py="$venv/bin/python"
 work=$(mktemp -d "${TMPDIR:-/tmp}/keras-adapt-install.XXXXXX")
@@ -49,3 +58,8 @@ KERAS_ADAPT_TEST_INSTALLED=1 KERAS_ADAPT_CHECKOUT="$root" \
   "$work/env/bin/python" -m pytest -p no:cacheprovider -q \
   "$root/tests/test_install.py" "$root/tests/test_distributed.py" \
   -k "not test_distributed or (gloo and not emulated)"   # one 2-worker job (Gloo, localhost)
+
+if [ -n "$user_env" ]; then
+  log "a user's environment: tensorflow-cpu alone, the wheel, keras-adapt build-horovod, the extras"
+  KERAS_ADAPT_WHEEL="$wheel" "$py" -m pytest -p no:cacheprovider -q "$root/tests/test_user_install.py"
+fi

@@ -10,6 +10,7 @@ import tensorflow as tf
 import keras
 from keras_adapt import _hvd
 from keras_adapt.checks import check_bool, check_int, check_interval, invalid
+from keras_adapt.extras import require
 from keras_adapt.optimizer import effective_learning_rate, is_distributed
 from keras_adapt.record import events, metadata, summary
 
@@ -127,6 +128,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
     def __init__(self, log_dir, update_freq=10, batch_size=None, step_times=True):
         super().__init__()
         _check_args(log_dir, update_freq, batch_size, step_times)
+        require("tensorboard", "tensorboard", "AdaptTensorBoard")
         self.log_dir = os.fspath(log_dir)
         self.update_freq = update_freq
         self.batch_size = batch_size

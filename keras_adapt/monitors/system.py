@@ -11,6 +11,7 @@ import math
 import time
 
 from keras_adapt.checks import check_bool
+from keras_adapt.extras import require
 
 _LOG = logging.getLogger("keras_adapt")
 _MB = 1e6
@@ -21,7 +22,7 @@ def _nvml_handles():
     try:
         import pynvml
     except ImportError:
-        return None, "pynvml is not installed"
+        return None, "pynvml is not installed (pip install 'keras-adapt[system]')"
     try:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
@@ -60,15 +61,13 @@ class SystemSampler:
 
     def __init__(self, gpus=True):
         check_bool("gpus", gpus)
-        import psutil
-
-        self._psutil = psutil
+        self._psutil = require("psutil", "system", "SystemSampler (SystemMonitor)")
         self._nvml = None
         if gpus:
             self._nvml, why = _nvml_handles()
             if self._nvml is None:
                 _LOG.info("keras-adapt: no GPU metrics on this host: %s", why)
-        psutil.cpu_percent(interval=None)  # starts the CPU interval
+        self._psutil.cpu_percent(interval=None)  # starts the CPU interval
         self._last_net = self._net_bytes()
         self._last_time = time.monotonic()
 

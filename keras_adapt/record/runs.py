@@ -22,6 +22,7 @@ Example:
 import dataclasses
 import os
 
+from keras_adapt.extras import require
 from keras_adapt.record import events, metadata, reader
 
 __all__ = ["RunData", "load_runs"]
@@ -45,6 +46,7 @@ class RunData:
 
 
 def _provider(logdir):
+    require("tensorboard", "report", "reading TensorBoard logs (keras-adapt report, plan)")
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
     # Keep every point (0): load_runs downsamples itself, like the tab.
