@@ -4,6 +4,7 @@ Run from the repository (it launches itself on 2 local workers):
 
     .venv/bin/python benchmarks/monitor_overhead.py          # primary stack
     .venv-keras2/bin/python benchmarks/monitor_overhead.py   # legacy stack
+    python benchmarks/monitor_overhead.py --np 1 --gpu       # one GPU (tools/gpu_check.sh)
 
 Each worker is pinned to its own core. Configurations are timed in the same
 processes, interleaved in rounds of alternating order:
@@ -64,8 +65,9 @@ CLOCKS = ("compute", "cpu", "wall")
 
 
 def launch(args):
-    report(run_on_workers(__file__, ["--rounds", args.rounds, "--steps", args.steps],
-                          "monitor_overhead_"))
+    report(run_on_workers(__file__, ["--rounds", args.rounds, "--steps", args.steps,
+                                     *(["--gpu"] if args.gpu else [])],
+                          "monitor_overhead_", np=args.np))
 
 
 def report(result):
@@ -87,7 +89,8 @@ def report(result):
 
     med = {c: {m: {k: statistics.median(rounds[c][m][k]) for k in CONFIGS} for m in MODELS}
            for c in CLOCKS}
-    print(f"\nmonitor overhead, stack={result['stack']} ({result['versions']}), 2 workers, Gloo, "
+    print(f"\nmonitor overhead, stack={result['stack']} ({result['versions']}), "
+          f"{result['workers']} worker(s) on {result['device']}, Gloo, "
           f"default stats_interval={result['stats_interval']}, {n_rounds} rounds x "
           f"{result['steps']} steps; load average before/after: {result['load']}; "
           f"{result['horovod_threads']} Horovod threads left out of 'compute'")
@@ -107,8 +110,9 @@ def report(result):
     print(f"squared norms of {k['params'] / 1e6:.1f}M params in {k['tensors']} tensors: "
           f"op {k['op_ms']:.2f} ms, twin {k['twin_ms']:.2f} ms")
 
-    line = {"bench": "monitor_overhead", "stack": result["stack"],
-            "stats_interval": result["stats_interval"], "rounds": n_rounds}
+    line = {"bench": "monitor_overhead", "stack": result["stack"], "device": result["device"],
+            "workers": result["workers"], "stats_interval": result["stats_interval"],
+            "rounds": n_rounds}
     for prefix, clock in (("", "compute"), ("cpu_", "cpu"), ("wall_", "wall")):
         for c in ("off", "on", "on_skip", "on_every"):
             line[f"{prefix}ratio_{c}"] = ratio(clock, c, "baseline")
@@ -127,6 +131,19 @@ def worker(args):
     pin_worker()
     import numpy as np
     import tensorflow as tf
+
+    device = "cpu"
+    if not args.gpu:  # a GPU build of TensorFlow would otherwise place the models on a GPU
+        tf.config.set_visible_devices([], "GPU")
+    else:  # one GPU per worker, by local rank, as Horovod's examples pin them
+        gpus = tf.config.list_physical_devices("GPU")
+        local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+        if len(gpus) <= local_rank:
+            raise SystemExit(f"--gpu: worker {local_rank} has no GPU ({len(gpus)} visible); "
+                             "run with --np at most the number of GPUs, or without --gpu")
+        tf.config.set_visible_devices(gpus[local_rank], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[local_rank], True)
+        device = f"gpu {gpus[local_rank].name}"
 
     import horovod.tensorflow as hvd
     import keras
@@ -258,6 +275,8 @@ def worker(args):
         **describe_stack(load_before),
         "stats_interval": DEFAULT_STATS_INTERVAL,
         "steps": args.steps,
+        "device": device,
+        "workers": hvd.size(),
         "horovod_threads": len(horovod_threads),
         # per clock and round: the mean step time of each configuration
         "rounds_ms": {clock: {k: {c: [t[clock] * 1e3 for t in times[(k, c)]] for c in CONFIGS}
@@ -271,6 +290,9 @@ def main():
     parser = worker_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=80, help="timed steps per round")
+    parser.add_argument("--np", type=int, default=2, help="workers (default: %(default)s)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="train on GPUs, one per worker (tools/gpu_check.sh: --np 1 --gpu)")
     args = parser.parse_args()
     worker(args) if args.worker else launch(args)
 

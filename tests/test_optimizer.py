@@ -81,6 +81,25 @@ def test_single_worker_noise_scale_from_consecutive_steps():
         assert r[key] == pytest.approx(truth[key], rel=0.10), key
 
 
+
+def test_mixed_precision_is_refused_by_the_callbacks_with_the_fix():
+    # Under mixed_float16, compile wraps the optimizer in Keras's
+    # LossScaleOptimizer; the callbacks that read keras-adapt's optimizer say
+    # that this is not supported yet, before the first step.
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _mlp()
+        model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+        assert "LossScale" in type(model.optimizer).__name__
+        x, y = _data(64)
+        with pytest.raises(ValueError, match=r"GradientStatsMonitor does not support mixed "
+                           r"precision yet: .*set_global_policy\('float32'\)"):
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+                      callbacks=[GradientStatsMonitor(interval=1)])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert int(model.optimizer.iterations) == 0
+
 def _ema(values, decay):
     """The bias-corrected EMA GradientStatistics keeps, in numpy."""
     ema = 0.0

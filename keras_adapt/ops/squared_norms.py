@@ -99,7 +99,10 @@ def squared_norms(tensors):
     ([25.0, 0.0], 25.0)
     """
     tensors = _as_tensors(tensors)
-    if placement(tensors) == "twin":
-        return squared_norms_twin(tensors)
-    per_tensor, total = _loader.load().keras_adapt_squared_norms(tensors)
+    # One name scope for every op that reads whole gradients for the
+    # statistics, so their placement can be read back (tests/test_gpu.py).
+    with tf.name_scope("squared_norms"):
+        if placement(tensors) == "twin":
+            return squared_norms_twin(tensors)
+        per_tensor, total = _loader.load().keras_adapt_squared_norms(tensors)
     return per_tensor, total

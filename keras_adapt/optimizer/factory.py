@@ -200,6 +200,12 @@ def require_distributed(model, who, statistics=False):
     True
     """
     optimizer = getattr(model, "optimizer", None)
+    if is_distributed(getattr(optimizer, "inner_optimizer", None)):
+        raise ValueError(
+            f"{who} does not support mixed precision yet: Keras wrapped the keras-adapt "
+            f"optimizer in its {type(optimizer).__name__}, whose updates keras-adapt cannot "
+            "follow; train with keras.mixed_precision.set_global_policy('float32')"
+        )
     if optimizer is None or not is_distributed(optimizer):
         raise ValueError(
             f"{who} needs a model compiled with keras_adapt.DistributedOptimizer(...); "
