@@ -120,17 +120,25 @@ def test_an_environment_without_tensorflow_is_told_to_install_it_first(tmp_path)
 
 # -- finding CUDA and NCCL ----------------------------------------------------------------
 
-def _nvcc(path, release):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-
-
 def _touch(path, text=""):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
+
+
+def _toolkit(root, release):
+    """A system toolkit's layout: bin/nvcc (a script that prints the release), nvvm, headers."""
+    nvcc = os.path.join(root, "bin", "nvcc")
+    _touch(nvcc, f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    os.chmod(nvcc, os.stat(nvcc).st_mode | stat.S_IXUSR)
+    for name in ("cudafe++", "ptxas"):
+        _touch(os.path.join(root, "bin", name))
+    _touch(os.path.join(root, "nvvm", "bin", "cicc"))
+    include = os.path.join(root, "targets", "x86_64-linux", "include")
+    _touch(os.path.join(include, "cuda_runtime.h"), f"// CUDA {release}")
+    _touch(os.path.join(include, "crt", "host_defines.h"), f"// crt of {release}")
+    _touch(os.path.join(include, "fatbinary_section.h"))
+    return root
 
 
 def _nccl_header(path, version):
@@ -140,46 +148,52 @@ def _nccl_header(path, version):
 
 
 @pytest.fixture
-def wheels(tmp_path):
-    """site-packages laid out as NVIDIA's CUDA 12 wheels lay it out, and a CUDA 13 system toolkit."""
+def wheels(tmp_path, monkeypatch):
+    """site-packages laid out as tensorflow[and-cuda] lays it out (CUDA 12.9 runtime and
+    NCCL, and an nvidia/cuda_nvcc with ptxas only, as on Linux), and a CUDA 13 toolkit."""
+    for var in ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH", "HOROVOD_NCCL_HOME", "NCCL_HOME"):
+        monkeypatch.delenv(var, raising=False)
     site = tmp_path / "site-packages"
     nvidia = site / "nvidia"
-    _nvcc(str(nvidia / "cuda_nvcc" / "bin" / "nvcc"), "12.9")
     _touch(str(nvidia / "cuda_nvcc" / "bin" / "ptxas"))
-    _touch(str(nvidia / "cuda_nvcc" / "nvvm" / "bin" / "cicc"))
-    _touch(str(nvidia / "cuda_runtime" / "include" / "cuda_runtime.h"))
-    _touch(str(nvidia / "cuda_runtime" / "lib" / "libcudart.so.12"))
-    _touch(str(nvidia / "cuda_cccl" / "include" / "cub" / "cub.cuh"))
-    _nccl_header(str(nvidia / "nccl" / "include" / "nccl.h"), "2.27.7")
+    runtime = nvidia / "cuda_runtime"
+    _touch(str(runtime / "include" / "cuda_runtime_api.h"), "#define CUDART_VERSION 12090\n")
+    _touch(str(runtime / "include" / "cuda_runtime.h"))
+    _touch(str(runtime / "lib" / "libcudart.so.12"))
+    _nccl_header(str(nvidia / "nccl" / "include" / "nccl.h"), "2.32.3")
     _touch(str(nvidia / "nccl" / "lib" / "libnccl.so.2"))
-    system = tmp_path / "cuda-13"
-    _nvcc(str(system / "bin" / "nvcc"), "13.0")
-    return site, system
+    return site, _toolkit(str(tmp_path / "cuda-13.0"), "13.0")
 
 
-def test_the_toolkit_of_tensorflows_cuda_version_is_chosen_among_those_found(wheels, monkeypatch):
-    site, system = wheels
-    monkeypatch.setenv("CUDA_HOME", str(system))  # the environment names CUDA 13 first
-    for var in ("HOROVOD_CUDA_HOME", "CUDA_PATH"):
-        monkeypatch.delenv(var, raising=False)
+def test_the_runtime_of_tensorflows_cuda_version_is_chosen_among_those_found(wheels, monkeypatch):
+    site, cuda13 = wheels
+    monkeypatch.setenv("CUDA_HOME", cuda13)  # the environment names CUDA 13 first
     chosen, seen = toolchain.find_cuda(None, str(site), want_major=12, search_system=False)
-    assert (chosen.source, chosen.version, chosen.major) == ("pip", "12.9", 12)
-    assert [t.version for t in seen] == ["13.0", "12.9"]
-    names = [os.path.basename(p) for p in chosen.pieces]
-    assert names == ["cuda_nvcc", "cuda_runtime", "cuda_cccl"]
-    chosen, _ = toolchain.find_cuda(None, str(site), want_major=13, search_system=False)
-    assert (chosen.source, chosen.home) == ("environment", str(system))
+    assert (chosen.source, chosen.version, chosen.major, chosen.nvcc) == ("pip", "12.9", 12, None)
+    assert [os.path.basename(p) for p in chosen.pieces] == ["cuda_runtime"]
+    assert chosen.cccl_include() is None  # the runtime wheel has no nv/target
+    assert [(t.source, t.version) for t in seen] == [("environment", "13.0"), ("pip", "12.9")]
+    # no CUDA 12 nvcc among them: CUDA 13's compiles
+    assert toolchain.find_nvcc(chosen, seen).home == cuda13
+    assert toolchain.find_nvcc(chosen, (chosen,)) is None  # then NVIDIA's compiler wheels
+    chosen13, _ = toolchain.find_cuda(None, str(site), want_major=13, search_system=False)
+    assert (chosen13.source, chosen13.home, toolchain.find_nvcc(chosen13, seen)) == (
+        "environment", cuda13, chosen13)
     assert toolchain.find_cuda(None, str(site), want_major=11, search_system=False)[0] is None
     with pytest.raises(ValueError, match="cuda_home='/nonexistent' is not valid; pass a CUDA"):
         toolchain.find_cuda("/nonexistent", str(site))
+    # a directory with an nvcc but no toolkit beside it (a wrapper script) is not a toolkit
+    wrapper = site.parent / "wrapper"
+    _touch(str(wrapper / "bin" / "nvcc"), "#!/bin/sh\necho release 13.0,\n")
+    os.chmod(wrapper / "bin" / "nvcc", 0o755)
+    with pytest.raises(ValueError, match="not valid"):
+        toolchain.find_cuda(str(wrapper), str(site))
 
 
 def test_nccl_is_found_in_the_wheel_with_its_version(wheels, monkeypatch, tmp_path):
     site, _ = wheels
-    for var in ("HOROVOD_NCCL_HOME", "NCCL_HOME"):
-        monkeypatch.delenv(var, raising=False)
     nccl = toolchain.find_nccl(None, str(site), search_system=False)
-    assert (nccl.version, nccl.source) == ("2.27.7", "pip")
+    assert (nccl.version, nccl.source) == ("2.32.3", "pip")
     assert nccl.include == str(site / "nvidia" / "nccl" / "include")
     home = tmp_path / "nccl-2.21.5"
     _nccl_header(str(home / "include" / "nccl.h"), "2.21.5")
@@ -187,51 +201,78 @@ def test_nccl_is_found_in_the_wheel_with_its_version(wheels, monkeypatch, tmp_pa
     assert toolchain.find_nccl(str(home), str(site)).version == "2.21.5"
     monkeypatch.setenv("NCCL_HOME", str(home))  # the environment wins over the wheel
     assert toolchain.find_nccl(None, str(site), search_system=False).source == "environment"
+    # the tree HOROVOD_NCCL_HOME names: include, and the unversioned library name
+    tree = nccl.home_tree(str(tmp_path / "nccl-tree"))
+    assert os.path.realpath(os.path.join(tree, "lib", "libnccl.so")) == str(
+        site / "nvidia" / "nccl" / "lib" / "libnccl.so.2")
+    assert os.path.exists(os.path.join(tree, "include", "nccl.h"))
 
 
-def test_the_wheels_are_joined_into_one_toolkit_tree_for_cmake(wheels, tmp_path):
-    site, _ = wheels
-    cuda, _ = toolchain.find_cuda(None, str(site), want_major=12, search_system=False)
-    home = cuda.join(str(tmp_path / "cuda"))
-    nvidia = site / "nvidia"
-    assert os.path.realpath(os.path.join(home, "bin", "nvcc")) == str(nvidia / "cuda_nvcc" / "bin" / "nvcc")
-    assert os.path.realpath(os.path.join(home, "nvvm")) == str(nvidia / "cuda_nvcc" / "nvvm")
-    assert os.path.exists(os.path.join(home, "include", "cuda_runtime.h"))
-    assert os.path.exists(os.path.join(home, "include", "cub", "cub.cuh"))
+def test_the_wheels_and_a_compiler_are_joined_into_one_toolkit_tree(wheels, tmp_path):
+    site, cuda13 = wheels
+    runtime, _ = toolchain.find_cuda(None, str(site), want_major=12, search_system=False)
+    cccl = tmp_path / "cccl" / "include"
+    _touch(str(cccl / "nv" / "target"))
+    _touch(str(cccl / "cub" / "cub.cuh"))
+    home = toolchain.join_cuda_tree(runtime, cuda13, str(cccl), str(tmp_path / "cuda"))
+    real = lambda *p: os.path.realpath(os.path.join(home, *p))  # noqa: E731
+    assert real("bin", "nvcc") == os.path.join(cuda13, "bin", "nvcc")
+    assert real("bin", "cudafe++") == os.path.join(cuda13, "bin", "cudafe++")
+    assert real("nvvm") == os.path.join(cuda13, "nvvm")
+    # the compiler's own crt and fatbinary headers, the runtime's headers, CCCL
+    include13 = os.path.join(cuda13, "targets", "x86_64-linux", "include")
+    assert real("include", "crt") == os.path.join(include13, "crt")
+    assert real("include", "fatbinary_section.h") == os.path.join(include13, "fatbinary_section.h")
+    runtime_include = site / "nvidia" / "cuda_runtime" / "include"
+    assert real("include", "cuda_runtime.h") == str(runtime_include / "cuda_runtime.h")
+    assert real("include", "nv") == str(cccl / "nv")
     # the unversioned name the linker asks for, beside the wheel's versioned library
-    assert os.path.realpath(os.path.join(home, "lib64", "libcudart.so")) == str(
-        nvidia / "cuda_runtime" / "lib" / "libcudart.so.12")
-    nccl = toolchain.find_nccl(None, str(site), search_system=False)
-    lib = nccl.linkable_lib(str(tmp_path / "nccl-lib"))
-    assert os.path.realpath(os.path.join(lib, "libnccl.so")) == str(nvidia / "nccl" / "lib" / "libnccl.so.2")
+    assert real("lib64", "libcudart.so") == str(site / "nvidia" / "cuda_runtime" / "lib" /
+                                                 "libcudart.so.12")
 
 
-def test_a_gpu_tensorflow_with_toolkit_and_nccl_gets_the_nccl_operations(wheels, monkeypatch,
-                                                                        tmp_path):
-    site, system = wheels
-    for var in ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH", "HOROVOD_NCCL_HOME", "NCCL_HOME"):
-        monkeypatch.delenv(var, raising=False)
+def _env(site, tf_cuda="12.5.1"):
+    return toolchain.PythonEnv(sys.executable, "3.11.7", sys.prefix, str(site),
+                               tensorflow="2.21.0", tf_cuda=tf_cuda, cxx11_abi=1)
+
+
+def _plan(gpu):
+    return build.BuildPlan(env=_env("/site"), controllers=("gloo",), mpicc=None,
+                           cmake="/usr/bin/cmake", compiler="/usr/bin/c++", gpu=gpu, sdist=None,
+                           jobs=2)
+
+
+def test_a_gpu_tensorflow_with_the_cuda_wheels_gets_the_nccl_operations(wheels, monkeypatch):
+    site, cuda13 = wheels
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvcc on PATH
-    env = toolchain.PythonEnv(sys.executable, "3.11.7", sys.prefix, str(site), tensorflow="2.21.0",
-                              tf_cuda="12.5.1", cxx11_abi=1)
-    gpu, why, cuda, nccl = build.choose_gpu_operations(env)
-    assert gpu == "NCCL" and why == "TensorFlow is built with CUDA 12.5.1"
-    assert (cuda.version, nccl.version) == ("12.9", "2.27.7")
-    plan = build.BuildPlan(env=env, controllers=("gloo",), mpicc=None, cmake="/usr/bin/cmake",
-                           compiler="/usr/bin/c++", gpu_operations=gpu, gpu_reason=why, cuda=cuda,
-                           nccl=nccl, sdist=None, jobs=2)
-    variables = plan.horovod_env(str(tmp_path))
-    assert variables["HOROVOD_GPU_OPERATIONS"] == "NCCL"
-    assert variables["HOROVOD_CUDA_HOME"] == str(tmp_path / "cuda")
-    assert os.path.exists(os.path.join(variables["HOROVOD_NCCL_LIB"], "libnccl.so"))
-    assert variables["HOROVOD_NCCL_INCLUDE"] == nccl.include
+    monkeypatch.setenv("CUDA_HOME", cuda13)  # a CUDA 13 toolkit, as /usr/local/cuda here
+    gpu = build.choose_gpu_operations(_env(site))
+    assert (gpu.operations, gpu.reason) == ("NCCL", "TensorFlow is built with CUDA 12.5.1")
+    assert (gpu.cuda.version, gpu.compiler.home, gpu.nccl.version) == ("12.9", cuda13, "2.32.3")
+    assert "no Pascal or Volta GPUs" in gpu.driver_note()
+    plan = _plan(gpu)
+    variables = plan.horovod_env("/tmp/cuda", "/tmp/nccl")
+    assert (variables["HOROVOD_GPU_OPERATIONS"], variables["HOROVOD_CUDA_HOME"],
+            variables["HOROVOD_NCCL_HOME"], variables["HOROVOD_NCCL_LINK"]) == (
+        "NCCL", "/tmp/cuda", "/tmp/nccl", "SHARED")
+    # the library finds the NCCL wheel beside it at run time
+    assert variables["LDFLAGS"] == "-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib"
+    text = plan.describe()
+    assert "install nvidia-cuda-cccl-cu12==12.9.* into the build directory" in text
+    assert "nvidia-cuda-nvcc==13.0" not in text  # the CUDA 13 toolkit's nvcc compiles
     assert "GPU operations NCCL (CUDA 12.9 (pip:" in plan.summary()
-    # no CUDA 12 toolkit anywhere: no GPU operations, and the reason names what to install
-    bare = toolchain.PythonEnv(sys.executable, "3.11.7", sys.prefix, str(tmp_path / "empty"),
-                               tensorflow="2.21.0", tf_cuda="12.5.1", cxx11_abi=1)
-    gpu, why, _, _ = build.choose_gpu_operations(bare)
-    assert gpu is None and "no CUDA 12 toolkit" in why and "nvidia-cuda-nvcc-cu12" in why
+    # without any nvcc, NVIDIA's compiler wheels are installed for the build
+    no_compiler = build.GpuChoice("NCCL", gpu.reason, cuda=gpu.cuda, nccl=gpu.nccl)
+    assert ("install nvidia-cuda-nvcc==13.0.* nvidia-cuda-crt==13.0.* nvidia-nvvm==13.0.*"
+            in _plan(no_compiler).describe())
+
+
+def test_without_a_cuda_runtime_of_tensorflows_version_there_are_no_gpu_operations(wheels,
+                                                                                   tmp_path):
+    _, cuda13 = wheels
+    gpu = build.choose_gpu_operations(_env(tmp_path / "empty"))
+    assert gpu.operations is None and gpu.reason.startswith("no CUDA 12 runtime or toolkit")
+    assert "pip install tensorflow[and-cuda]==2.21.0" in gpu.reason
     with pytest.raises(build.BuildError, match="holds CUDA 13.0, but TensorFlow 2.21.0 is built "
                                                "with CUDA 12.5.1"):
-        build.choose_gpu_operations(env, cuda_home=str(system))
-
+        build.choose_gpu_operations(_env(tmp_path / "empty"), cuda_home=cuda13)

@@ -116,4 +116,4 @@ def test_the_metadata_names_the_license_the_extras_and_the_patches():
 
     for name in build.patch_names():
         assert f"keras_adapt/horovod_build/patches/{name}" in files
-    assert _outside_checkout(build.PATCH_DIR) and len(build.patch_names()) == 2
+    assert _outside_checkout(build.PATCH_DIR) and len(build.patch_names()) == 3

@@ -38,8 +38,8 @@ import time
 
 from keras_adapt.horovod_build import toolchain
 
-__all__ = ["HOROVOD_VERSION", "BuildError", "BuildPlan", "choose_gpu_operations", "patch_names",
-           "plan_build",
+__all__ = ["HOROVOD_VERSION", "BuildError", "BuildPlan", "GpuChoice", "cccl_wheel",
+           "choose_gpu_operations", "patch_names", "plan_build",
            "read_record", "run_build", "verify"]
 
 HOROVOD_VERSION = "0.28.1"
@@ -124,9 +124,8 @@ def _patches_digest():
 class BuildPlan:
     """What :func:`run_build` will build, and why; made by :func:`plan_build`.
 
-    ``controllers`` are ``("gloo",)`` or ``("gloo", "mpi")``;
-    ``gpu_operations`` is ``"NCCL"`` or ``None``, with ``gpu_reason``
-    saying why; ``cmake`` is ``None`` when a CMake 3 is to be installed
+    ``controllers`` are ``("gloo",)`` or ``("gloo", "mpi")``; ``gpu`` is
+    the :class:`GpuChoice`; ``cmake`` is ``None`` when a CMake 3 is to be installed
     from PyPI into the environment (CMake 4 refuses Gloo's build files).
 
     Example:
@@ -142,30 +141,30 @@ class BuildPlan:
     mpicc: str
     cmake: str
     compiler: str
-    gpu_operations: str
-    gpu_reason: str
-    cuda: toolchain.CudaToolkit
-    nccl: toolchain.Nccl
+    gpu: "GpuChoice"
     sdist: str
     jobs: int
 
-    def horovod_env(self, work=None):
-        """The ``HOROVOD_*`` build variables.
+    @property
+    def gpu_operations(self):
+        """``"NCCL"`` or ``None``."""
+        return self.gpu.operations
 
-        With ``work`` (a scratch directory), a toolkit or NCCL from NVIDIA's
-        wheels is first joined there into the layout CMake expects.
-        """
+    def horovod_env(self, cuda_home=None, nccl_home=None):
+        """The build variables; ``cuda_home``/``nccl_home``: the trees a GPU build names."""
         env = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITHOUT_PYTORCH": "1",
                "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITH_GLOO": "1",
                "HOROVOD_WITH_MPI" if "mpi" in self.controllers else "HOROVOD_WITHOUT_MPI": "1",
                "MAKEFLAGS": f"-j{self.jobs}"}
         if self.gpu_operations:
-            cuda_home = self.cuda.home or (self.cuda.join(os.path.join(work, "cuda")) if work
-                                           else "<the CUDA wheels joined into one tree>")
-            nccl_lib = self.nccl.linkable_lib(os.path.join(work, "nccl-lib")) if work else self.nccl.lib
-            env.update(HOROVOD_GPU_OPERATIONS=self.gpu_operations, HOROVOD_CUDA_HOME=cuda_home,
-                       HOROVOD_NCCL_INCLUDE=self.nccl.include, HOROVOD_NCCL_LIB=nccl_lib,
+            env.update(HOROVOD_GPU_OPERATIONS=self.gpu_operations,
+                       HOROVOD_CUDA_HOME=cuda_home or "<the CUDA tree>",
+                       HOROVOD_NCCL_HOME=nccl_home or "<the NCCL tree>",
                        HOROVOD_NCCL_LINK="SHARED")
+            if self.gpu.nccl.source == "pip":
+                # Horovod's library finds NCCL in the wheel beside it at run
+                # time (site-packages/horovod/tensorflow -> nvidia/nccl/lib).
+                env["LDFLAGS"] = "-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib"
         return env
 
     def record(self):
@@ -176,11 +175,10 @@ class BuildPlan:
 
     def summary(self):
         """One line: what is (to be) built, against what."""
-        gpu = (f"GPU operations NCCL ({self.cuda.describe()}, {self.nccl.describe()})"
-               if self.gpu_operations else f"no GPU operations ({self.gpu_reason})")
         return (f"horovod {HOROVOD_VERSION} for TensorFlow {self.env.tensorflow} "
                 f"(Python {self.env.python_version}, C++11 ABI {self.env.cxx11_abi}): "
-                f"controllers {'+'.join(self.controllers)}, frameworks tensorflow, {gpu}")
+                f"controllers {'+'.join(self.controllers)}, frameworks tensorflow, "
+                f"{self.gpu.describe()}")
 
     def describe(self):
         """The steps :func:`run_build` takes, with every command and variable (``--dry-run``)."""
@@ -196,9 +194,8 @@ class BuildPlan:
             f"3. source: {source}",
             f"4. apply {', '.join(patch_names())} (from {PATCH_DIR})",
         ]
-        if self.gpu_operations and self.cuda.home is None:
-            steps.append("   join the CUDA wheels into one toolkit tree for CMake: "
-                         + ", ".join(self.cuda.pieces))
+        if self.gpu_operations:
+            steps += [f"   {line}" for line in self._gpu_steps()]
         env = " ".join(f"{k}={v}" for k, v in self.horovod_env().items())
         if not self.gpu_operations:
             env = f"(HOROVOD_GPU_*, HOROVOD_CUDA_*, HOROVOD_NCCL_* unset) {env}"
@@ -209,7 +206,45 @@ class BuildPlan:
             f"{' and '.join(self.controllers)}",
             f"7. record the build in {os.path.join(self.env.prefix, RECORD)}",
         ]
-        return "\n".join(steps)
+        note = self.gpu.driver_note() if self.gpu_operations else ""
+        return "\n".join(steps + ([note] if note else []))
+
+    def _gpu_steps(self):
+        gpu = self.gpu
+        if gpu.cuda.home is not None and gpu.compiler is gpu.cuda:
+            lines = [f"CUDA: {gpu.cuda.home}"]
+        else:
+            lines = []
+            if gpu.cuda.cccl_include() is None:
+                lines.append(f"install {cccl_wheel(gpu.cuda)} into the build directory "
+                             "(CCCL headers the CUDA runtime wheel lacks)")
+            if gpu.compiler is None:
+                lines.append(f"install {' '.join(NVCC_WHEELS)} into the build directory "
+                             "(no CUDA {0} nvcc ships as a wheel on Linux)".format(gpu.cuda.major))
+            lines.append("join the CUDA runtime, the compiler and CCCL into one toolkit tree "
+                         "for CMake (symlinks)")
+        lines.append(f"NCCL: {gpu.nccl.describe()}, linked into a tree with libnccl.so")
+        return lines
+
+
+#: NVIDIA's compiler wheels installed for a build that has the CUDA runtime
+#: wheels but no nvcc (none of CUDA 12 ships nvcc on Linux); ``nvidia/cu13``.
+NVCC_WHEEL_VERSION = "13.0"
+NVCC_WHEELS = tuple(f"{name}=={NVCC_WHEEL_VERSION}.*"
+                    for name in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"))
+
+
+def cccl_wheel(cuda):
+    """The CCCL wheel of ``cuda``'s version: ``nvidia-cuda-cccl-cu12==12.9.*``.
+
+    Example:
+
+    >>> from keras_adapt.horovod_build.build import cccl_wheel
+    >>> from keras_adapt.horovod_build.toolchain import CudaToolkit
+    >>> cccl_wheel(CudaToolkit("12.9", "pip", pieces=("/x",)))
+    'nvidia-cuda-cccl-cu12==12.9.*'
+    """
+    return f"nvidia-cuda-cccl-cu{cuda.major}=={cuda.version}.*"
 
 
 def plan_build(python=None, *, cpu_only=False, cuda_home=None, nccl_home=None, sdist=None,
@@ -254,54 +289,103 @@ def plan_build(python=None, *, cpu_only=False, cuda_home=None, nccl_home=None, s
         out = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout
         if toolchain.cmake_major(out) != 3:
             cmake = None
-    gpu, why, cuda, nccl = choose_gpu_operations(env, cpu_only, cuda_home, nccl_home)
+    gpu = choose_gpu_operations(env, cpu_only, cuda_home, nccl_home)
     return BuildPlan(env=env, controllers=("gloo", "mpi") if mpicc else ("gloo",), mpicc=mpicc,
-                     cmake=cmake, compiler=compiler, gpu_operations=gpu, gpu_reason=why,
-                     cuda=cuda, nccl=nccl, sdist=sdist, jobs=jobs or os.cpu_count() or 1)
+                     cmake=cmake, compiler=compiler, gpu=gpu, sdist=sdist,
+                     jobs=jobs or os.cpu_count() or 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuChoice:
+    """Whether GPU operations are built, why, and from what.
+
+    ``operations`` is ``"NCCL"`` or ``None``; ``cuda`` the CUDA runtime of
+    TensorFlow's CUDA major version (a toolkit or NVIDIA's wheels);
+    ``compiler`` the toolkit whose ``nvcc`` compiles (``None`` with NCCL:
+    NVIDIA's compiler wheels are installed for the build); ``nccl`` NCCL.
+
+    Example:
+
+    >>> from keras_adapt.horovod_build.build import GpuChoice
+    >>> GpuChoice(None, "--cpu-only").operations is None
+    True
+    """
+
+    operations: str
+    reason: str
+    cuda: toolchain.CudaToolkit = None
+    compiler: toolchain.CudaToolkit = None
+    nccl: toolchain.Nccl = None
+
+    def describe(self):
+        """What the GPU operations are built with, or why there are none."""
+        if not self.operations:
+            return f"no GPU operations ({self.reason})"
+        if self.compiler is self.cuda:
+            nvcc = "its nvcc"
+        elif self.compiler is not None:
+            nvcc = f"nvcc {self.compiler.version} ({self.compiler.source}: {self.compiler.home})"
+        else:
+            nvcc = f"nvcc {NVCC_WHEEL_VERSION} (NVIDIA's wheels, for the build only)"
+        return f"GPU operations NCCL ({self.cuda.describe()} with {nvcc}; {self.nccl.describe()})"
+
+    def driver_note(self):
+        """A note when the compiler's CUDA is newer than the runtime's, else ``""``."""
+        major = self.compiler.major if self.compiler else int(NVCC_WHEEL_VERSION.split(".")[0])
+        if not self.operations or major == self.cuda.major:
+            return ""
+        return (f"note: Horovod's GPU kernels are compiled by a CUDA {major} nvcc (no CUDA "
+                f"{self.cuda.major} nvcc found): expect them to need an NVIDIA driver for CUDA "
+                f"{major}, and no Pascal or Volta GPUs; a CUDA {self.cuda.major} toolkit "
+                "(--cuda-home) avoids both")
 
 
 def choose_gpu_operations(env, cpu_only=False, cuda_home=None, nccl_home=None):
-    """``(gpu_operations, reason, cuda, nccl)`` for the environment ``env``.
+    """The :class:`GpuChoice` for the environment ``env``.
 
-    ``"NCCL"`` when TensorFlow is a CUDA build and a toolkit of its CUDA
-    major version and NCCL are found (:func:`.toolchain.find_cuda`,
-    :func:`.toolchain.find_nccl`); otherwise ``None`` and the reason.
+    NCCL when TensorFlow is a CUDA build and a CUDA runtime of its major
+    version (:func:`.toolchain.find_cuda`) and NCCL
+    (:func:`.toolchain.find_nccl`) are found; the compiler is that
+    toolkit's ``nvcc``, another toolkit's (:func:`.toolchain.find_nvcc`), or
+    NVIDIA's compiler wheels.
 
     Example:
 
     >>> from keras_adapt.horovod_build.build import choose_gpu_operations
     >>> from keras_adapt.horovod_build.toolchain import PythonEnv
     >>> env = PythonEnv("/v/bin/python", "3.11.7", "/v", "/v/lib/site-packages", tensorflow="2.21.0")
-    >>> choose_gpu_operations(env)
-    (None, 'TensorFlow is a CPU build', None, None)
+    >>> choose_gpu_operations(env).describe()
+    'no GPU operations (TensorFlow is a CPU build)'
     """
     if cpu_only:
         if cuda_home is not None or nccl_home is not None:
             raise ValueError("cpu_only=True with cuda_home or nccl_home is not valid; "
                              "leave out --cpu-only to build the GPU operations")
-        return None, "--cpu-only", None, None
+        return GpuChoice(None, "--cpu-only")
     if env.tf_cuda is None:
         if cuda_home is not None or nccl_home is not None:
             raise BuildError(
                 f"TensorFlow {env.tensorflow} in {env.prefix} is a CPU build, so GPU operations "
                 "would never run; install the GPU wheel (pip install tensorflow[and-cuda]=="
                 f"{env.tensorflow}) or build with --cpu-only")
-        return None, "TensorFlow is a CPU build", None, None
+        return GpuChoice(None, "TensorFlow is a CPU build")
     want = int(env.tf_cuda.split(".")[0])
     cuda, seen = toolchain.find_cuda(cuda_home, env.purelib, want_major=want)
-    if cuda is None:
-        found = "; found " + ", ".join(t.describe() for t in seen) if seen else ""
-        return (None, f"no CUDA {want} toolkit (TensorFlow is built with CUDA {env.tf_cuda}{found}; "
-                f"pip install nvidia-cuda-nvcc-cu{want} or pass --cuda-home)", None, None)
     if cuda_home is not None and cuda.major != want:
         raise BuildError(f"--cuda-home {cuda_home} holds CUDA {cuda.version}, but TensorFlow "
                          f"{env.tensorflow} is built with CUDA {env.tf_cuda}; pass a CUDA {want} "
                          "toolkit")
+    if cuda is None:
+        found = "; found " + ", ".join(t.describe() for t in seen) if seen else ""
+        return GpuChoice(None, f"no CUDA {want} runtime or toolkit (TensorFlow is built with "
+                         f"CUDA {env.tf_cuda}{found}; pip install tensorflow[and-cuda]=="
+                         f"{env.tensorflow}, or pass --cuda-home)")
     nccl = toolchain.find_nccl(nccl_home, env.purelib)
     if nccl is None:
-        return (None, f"no NCCL found (pip install nvidia-nccl-cu{want} or pass --nccl-home)",
-                cuda, None)
-    return "NCCL", f"TensorFlow is built with CUDA {env.tf_cuda}", cuda, nccl
+        return GpuChoice(None, f"no NCCL found (pip install nvidia-nccl-cu{want}, or pass "
+                         "--nccl-home)", cuda=cuda)
+    return GpuChoice("NCCL", f"TensorFlow is built with CUDA {env.tf_cuda}", cuda=cuda,
+                     compiler=toolchain.find_nvcc(cuda, seen), nccl=nccl)
 
 
 def read_record(prefix):
@@ -351,6 +435,35 @@ def _check_abi(plan, work):
         raise BuildError(f"the test op built against TensorFlow {env.tensorflow} returned the "
                          f"wrong answer ({out.strip()!r}): this compiler and TensorFlow's ABI "
                          "disagree; use the compiler TensorFlow documents for its version")
+
+
+def _gpu_trees(plan, work, log):
+    """The CUDA and NCCL trees a GPU build names; installs the build-only wheels it needs."""
+    gpu, py = plan.gpu, plan.env.python
+    if gpu.cuda.home is not None and gpu.compiler is gpu.cuda:
+        cuda_home = gpu.cuda.home
+    else:
+        cccl = gpu.cuda.cccl_include()
+        if cccl is None:
+            _say(log, f"installing {cccl_wheel(gpu.cuda)} into the build directory")
+            _run([py, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                  os.path.join(work, "cccl"), cccl_wheel(gpu.cuda)], what="installing CCCL")
+            cccl = os.path.join(work, "cccl", "nvidia", "cuda_cccl", "include")
+        if gpu.compiler is not None:
+            compiler_root = gpu.compiler.home
+        else:
+            _say(log, f"installing {' '.join(NVCC_WHEELS)} into the build directory")
+            # one pip call: a second --target install into nvidia/ would be skipped
+            _run([py, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                  os.path.join(work, "nvcc"), *NVCC_WHEELS], what="installing nvcc")
+            compiler_root = os.path.join(work, "nvcc", "nvidia",
+                                         f"cu{NVCC_WHEEL_VERSION.split('.')[0]}")
+        cuda_home = toolchain.join_cuda_tree(gpu.cuda, compiler_root, cccl,
+                                             os.path.join(work, "cuda"))
+    note = gpu.driver_note()
+    if note:
+        _say(log, note)
+    return cuda_home, gpu.nccl.home_tree(os.path.join(work, "nccl"))
 
 
 def _apply_patches(tree, log):
@@ -469,7 +582,10 @@ def run_build(plan, *, force=False, log=print):
         # (a CPU build unsets its GPU ones); others pass through.
         env = {k: v for k, v in os.environ.items()
                if plan.gpu_operations or not k.startswith(_GPU_VARIABLES)}
-        horovod_env = plan.horovod_env(work)
+        cuda_home = nccl_home = None
+        if plan.gpu_operations:
+            cuda_home, nccl_home = _gpu_trees(plan, work, log)
+        horovod_env = plan.horovod_env(cuda_home, nccl_home)
         env.update(horovod_env)
         if not plan.cmake:
             env["PATH"] = os.path.join(plan.env.prefix, "bin") + os.pathsep + env["PATH"]
@@ -482,8 +598,7 @@ def run_build(plan, *, force=False, log=print):
         raise BuildError("Horovod was built with HOROVOD_GPU_OPERATIONS=NCCL, but "
                          f"horovodrun --check-build does not list NCCL:\n{checked['check_build']}")
     record = dict(plan.record(), summary=plan.summary(), seconds=round(time.monotonic() - started),
-                  cuda=plan.cuda.describe() if plan.gpu_operations else None,
-                  nccl=plan.nccl.describe() if plan.gpu_operations else None,
+                  gpu=plan.gpu.describe(),
                   build_env={k: v for k, v in horovod_env.items() if k != "MAKEFLAGS"},
                   check_build=checked["check_build"], up_to_date=False)
     path = os.path.join(plan.env.prefix, RECORD)

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 
 __all__ = ["CudaToolkit", "Nccl", "PythonEnv", "cmake_major", "find_cuda", "find_nccl",
-           "probe_python"]
+           "find_nvcc", "join_cuda_tree", "probe_python"]
 
 _PROBE = r"""
 import json, platform, sys, sysconfig
@@ -115,25 +115,26 @@ def probe_python(python):
 
 @dataclasses.dataclass(frozen=True)
 class CudaToolkit:
-    """A CUDA toolkit: its ``nvcc``, version, and where it was found.
+    """A CUDA toolkit, or the CUDA runtime of NVIDIA's wheels, and where it was found.
 
-    ``source`` is one of ``"argument"``, ``"environment"`` (``CUDA_HOME`` and
-    the like), ``"pip"`` (NVIDIA's wheels in the environment) or
-    ``"system"``; ``pieces`` are the wheel directories a pip toolkit is made
-    of (``home`` is then ``None``: :mod:`keras_adapt.horovod_build.build`
-    joins them into one tree for Horovod's CMake).
+    ``version`` is the runtime's CUDA version (``"12.9"``). A system toolkit
+    has a ``home`` with ``bin/nvcc``; NVIDIA's wheels in an environment
+    (``source="pip"``) have ``pieces`` instead (``nvidia/cuda_runtime``, and
+    ``nvidia/cuda_cccl`` when installed) and, on Linux, no ``nvcc``: the build
+    then compiles with the ``nvcc`` of another toolkit (:func:`find_nvcc`).
 
     Example:
 
     >>> from keras_adapt.horovod_build.toolchain import CudaToolkit
-    >>> CudaToolkit("/usr/local/cuda/bin/nvcc", "13.0", "system", home="/usr/local/cuda").major
-    13
+    >>> cuda = CudaToolkit("13.0", "system", home="/usr/local/cuda", nvcc="/usr/local/cuda/bin/nvcc")
+    >>> cuda.major, cuda.describe()
+    (13, 'CUDA 13.0 (system: /usr/local/cuda)')
     """
 
-    nvcc: str
     version: str
     source: str
     home: str = None
+    nvcc: str = None
     pieces: tuple = ()
 
     @property
@@ -142,39 +143,82 @@ class CudaToolkit:
         return int(self.version.split(".")[0])
 
     def describe(self):
-        """``CUDA 12.9 (pip: .../nvidia/cuda_nvcc)`` for messages."""
-        where = self.home or os.path.dirname(os.path.dirname(self.nvcc))
-        return f"CUDA {self.version} ({self.source}: {where})"
+        """``CUDA 12.9 (pip: .../nvidia/cuda_runtime)`` for messages."""
+        return f"CUDA {self.version} ({self.source}: {self.home or self.pieces[0]})"
 
-    def join(self, directory):
-        """Joins a pip toolkit's pieces into one tree at ``directory``; returns it.
-
-        Horovod's CMake looks for one toolkit directory (``bin/nvcc``,
-        ``include``, ``lib64``); NVIDIA's wheels split it into parts and ship
-        versioned libraries only (``libcudart.so.12``). The tree is made of
-        symlinks, with an unversioned name beside each versioned library.
-        A toolkit with a ``home`` is returned as it is.
-        """
+    def include_dirs(self):
+        """The directories that hold this toolkit's headers."""
         if self.home is not None:
-            return self.home
-        for sub in ("bin", "include", "lib64"):
-            os.makedirs(os.path.join(directory, sub), exist_ok=True)
-        for piece in self.pieces:
-            # nvcc finds cicc and libdevice in ../nvvm, from the nvcc wheel or
-            # a wheel of its own (whose directory is the nvvm tree).
-            nvvm = piece if os.path.basename(piece) == "nvvm" else os.path.join(piece, "nvvm")
-            if os.path.isdir(nvvm):
-                _link(nvvm, os.path.join(directory, "nvvm"))
-            if nvvm == piece:
-                continue
-            for sub, dest in (("bin", "bin"), ("include", "include"), ("lib", "lib64"),
-                              ("lib64", "lib64")):
-                source = os.path.join(piece, sub)
-                if os.path.isdir(source):
-                    for name in os.listdir(source):
-                        _link(os.path.join(source, name), os.path.join(directory, dest, name))
-        _unversioned_links(os.path.join(directory, "lib64"))
-        return directory
+            return [_toolkit_include(self.home)]
+        return [os.path.join(p, "include") for p in self.pieces]
+
+    def cccl_include(self):
+        """The include directory with CCCL (``nv/target``, cub, thrust), or ``None``.
+
+        The CUDA 12 runtime wheel's ``cuda_fp16.h`` includes ``<nv/target>``,
+        which a toolkit ships and the runtime wheel does not
+        (``nvidia-cuda-cccl-cu12`` does).
+        """
+        for include in self.include_dirs():
+            if os.path.exists(os.path.join(include, "nv", "target")):
+                return include
+        return None
+
+
+def _toolkit_include(root):
+    """``targets/x86_64-linux/include`` of a toolkit (or of NVIDIA's compiler wheels), else ``include``."""
+    target = os.path.join(root, "targets", "x86_64-linux", "include")
+    return target if os.path.isdir(target) else os.path.join(root, "include")
+
+
+def join_cuda_tree(runtime, compiler_root, cccl_include, directory):
+    """One toolkit tree of symlinks at ``directory`` for Horovod's CMake; returns it.
+
+    ``runtime`` (a pip :class:`CudaToolkit`) gives the CUDA headers and
+    ``libcudart`` of TensorFlow's CUDA version; ``compiler_root`` (a toolkit,
+    or NVIDIA's compiler wheels: ``bin/nvcc``, ``nvvm``) the compiler, with
+    the headers tied to its version (``crt/``, ``fatbinary_section.h``);
+    ``cccl_include`` the CCCL headers. ``nvcc`` finds its tools relative to
+    the path it is called by, so links are enough. The wheels ship versioned
+    libraries only (``libcudart.so.12``): an unversioned name is added.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> from keras_adapt.horovod_build.toolchain import CudaToolkit, join_cuda_tree
+    >>> root = tempfile.mkdtemp()
+    >>> for d in ("rt/include", "rt/lib", "cc/bin", "cc/include/crt", "cc/nvvm", "cccl/nv"):
+    ...     os.makedirs(os.path.join(root, d))
+    >>> open(os.path.join(root, "rt/lib/libcudart.so.12"), "w").close()
+    >>> runtime = CudaToolkit("12.9", "pip", pieces=(os.path.join(root, "rt"),))
+    >>> tree = join_cuda_tree(runtime, os.path.join(root, "cc"), os.path.join(root, "cccl"),
+    ...                       os.path.join(root, "cuda"))
+    >>> sorted(os.listdir(os.path.join(tree, "lib64"))), os.path.isdir(os.path.join(tree, "include", "nv"))
+    (['libcudart.so', 'libcudart.so.12'], True)
+    """
+    include = os.path.join(directory, "include")
+    lib = os.path.join(directory, "lib64")
+    for sub in (os.path.join(directory, "bin"), include, lib):
+        os.makedirs(sub, exist_ok=True)
+    for name in os.listdir(os.path.join(compiler_root, "bin")):
+        _link(os.path.join(compiler_root, "bin", name), os.path.join(directory, "bin", name))
+    _link(os.path.join(compiler_root, "nvvm"), os.path.join(directory, "nvvm"))
+    compiler_include = _toolkit_include(compiler_root)
+    # the compiler's own headers first: they must match its cudafe++
+    for name in ("crt", "fatbinary_section.h"):
+        if os.path.exists(os.path.join(compiler_include, name)):
+            _link(os.path.join(compiler_include, name), os.path.join(include, name))
+    for source in runtime.include_dirs() + [cccl_include]:
+        for name in os.listdir(source):
+            if not name.startswith("__"):
+                _link(os.path.join(source, name), os.path.join(include, name))
+    for piece in runtime.pieces:
+        for sub in ("lib", "lib64"):
+            if os.path.isdir(os.path.join(piece, sub)):
+                for name in os.listdir(os.path.join(piece, sub)):
+                    _link(os.path.join(piece, sub, name), os.path.join(lib, name))
+    _unversioned_links(lib)
+    return directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,15 +241,18 @@ class Nccl:
         """``NCCL 2.27.7 (pip: ...)`` for messages."""
         return f"NCCL {self.version} ({self.source}: {self.lib})"
 
-    def linkable_lib(self, directory):
-        """A directory with ``libnccl.so`` for the linker: ``lib`` if it has one,
-        else ``directory`` made of symlinks (the pip wheel ships ``libnccl.so.2`` only)."""
-        if os.path.exists(os.path.join(self.lib, "libnccl.so")):
-            return self.lib
-        os.makedirs(directory, exist_ok=True)
+    def home_tree(self, directory):
+        """``directory`` with ``include`` and ``lib/libnccl.so`` for ``HOROVOD_NCCL_HOME``.
+
+        Links to this NCCL; the unversioned ``libnccl.so`` the linker asks for
+        is added where only ``libnccl.so.2`` exists (the pip wheel).
+        """
+        os.makedirs(os.path.join(directory, "lib"), exist_ok=True)
+        _link(self.include, os.path.join(directory, "include"))
         for name in os.listdir(self.lib):
-            _link(os.path.join(self.lib, name), os.path.join(directory, name))
-        _unversioned_links(directory)
+            if name.startswith("libnccl"):
+                _link(os.path.join(self.lib, name), os.path.join(directory, "lib", name))
+        _unversioned_links(os.path.join(directory, "lib"))
         return directory
 
 
@@ -247,36 +294,41 @@ def _nvcc_version(nvcc):
 
 
 def _toolkit_at(home, source):
+    """A toolkit at ``home``: ``bin/nvcc`` that runs, ``nvvm`` and the runtime's headers."""
     nvcc = os.path.join(home, "bin", "nvcc")
-    version = _nvcc_version(nvcc) if os.access(nvcc, os.X_OK) else None
-    return CudaToolkit(nvcc, version, source, home=home) if version else None
-
-
-def _pip_toolkit(purelib):
-    """NVIDIA's CUDA wheels in the environment (``nvidia/cuda_nvcc`` and friends)."""
-    root = os.path.join(purelib, "nvidia")
-    nvcc = os.path.join(root, "cuda_nvcc", "bin", "nvcc")
-    runtime = os.path.join(root, "cuda_runtime")
-    if not (os.access(nvcc, os.X_OK) and os.path.isdir(runtime)):
+    if not (os.access(nvcc, os.X_OK) and os.path.isdir(os.path.join(home, "nvvm"))
+            and os.path.exists(os.path.join(_toolkit_include(home), "cuda_runtime.h"))):
         return None
     version = _nvcc_version(nvcc)
-    if version is None:
+    return CudaToolkit(version, source, home=home, nvcc=nvcc) if version else None
+
+
+def _pip_runtime(purelib):
+    """NVIDIA's CUDA runtime wheel in the environment (``nvidia/cuda_runtime``), with CCCL if there."""
+    root = os.path.join(purelib, "nvidia")
+    header = os.path.join(root, "cuda_runtime", "include", "cuda_runtime_api.h")
+    try:
+        with open(header) as f:
+            match = re.search(r"#define CUDART_VERSION\s+(\d+)", f.read())
+    except OSError:
         return None
-    pieces = tuple(p for p in (os.path.join(root, n) for n in ("cuda_nvcc", "cuda_runtime",
-                                                              "cuda_cccl", "cuda_crt", "nvvm"))
-                   if os.path.isdir(p))
-    return CudaToolkit(nvcc, version, "pip", pieces=pieces)
+    if not match:
+        return None
+    code = int(match.group(1))  # 12090 -> 12.9
+    pieces = tuple(os.path.join(root, n) for n in ("cuda_runtime", "cuda_cccl")
+                   if os.path.isdir(os.path.join(root, n)))
+    return CudaToolkit(f"{code // 1000}.{code % 1000 // 10}", "pip", pieces=pieces)
 
 
 def find_cuda(cuda_home, purelib, *, want_major=None, search_system=True):
-    """The CUDA toolkit to build with, and the candidates seen: ``(toolkit, seen)``.
+    """The CUDA runtime to build against, and every toolkit seen: ``(toolkit, seen)``.
 
     Looks at ``cuda_home`` (an argument: it must hold ``bin/nvcc``), then
-    ``HOROVOD_CUDA_HOME``, ``CUDA_HOME``, ``CUDA_PATH``, NVIDIA's pip wheels
-    in ``purelib``, ``nvcc`` on ``PATH`` and ``/usr/local/cuda``. With
+    ``HOROVOD_CUDA_HOME``, ``CUDA_HOME``, ``CUDA_PATH``, NVIDIA's runtime
+    wheel in ``purelib``, ``nvcc`` on ``PATH`` and ``/usr/local/cuda``. With
     ``want_major`` (TensorFlow's CUDA major version) the first candidate of
-    that major version wins; ``toolkit`` is ``None`` when none matches, and
-    ``seen`` lists every candidate found, for the message.
+    that major version wins; ``toolkit`` is ``None`` when none matches.
+    ``seen`` lists every candidate found, for messages and :func:`find_nvcc`.
 
     Example:
 
@@ -289,21 +341,24 @@ def find_cuda(cuda_home, purelib, *, want_major=None, search_system=True):
         toolkit = _toolkit_at(cuda_home, "argument")
         if toolkit is None:
             raise ValueError(f"cuda_home={cuda_home!r} is not valid; pass a CUDA toolkit "
-                             "directory that holds bin/nvcc, or leave it out to search")
+                             "directory (bin/nvcc, nvvm, include/cuda_runtime.h), or leave it "
+                             "out to search")
         candidates.append(toolkit)
     for var in ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(_toolkit_at(os.environ[var], "environment"))
-    candidates.append(_pip_toolkit(purelib))
+    candidates.append(_pip_runtime(purelib))
     if search_system:
-        on_path = shutil.which("nvcc")
+        on_path = shutil.which("nvcc")  # a link into a toolkit, or a wrapper (then skipped)
         if on_path:
             candidates.append(_toolkit_at(os.path.dirname(os.path.dirname(
                 os.path.realpath(on_path))), "system"))
         candidates.append(_toolkit_at("/usr/local/cuda", "system"))
     seen = []
     for toolkit in candidates:
-        if toolkit is not None and all(toolkit.nvcc != s.nvcc for s in seen):
+        if toolkit is not None and toolkit not in seen and not any(
+                toolkit.home and os.path.realpath(toolkit.home) == os.path.realpath(s.home or "")
+                for s in seen):
             seen.append(toolkit)
     if cuda_home is not None:
         return seen[0], tuple(seen)
@@ -311,6 +366,31 @@ def find_cuda(cuda_home, purelib, *, want_major=None, search_system=True):
         if want_major is None or toolkit.major == want_major:
             return toolkit, tuple(seen)
     return None, tuple(seen)
+
+
+def find_nvcc(runtime, seen):
+    """The toolkit whose ``nvcc`` compiles for ``runtime``, or ``None``.
+
+    ``runtime``'s own when it has one; else, among ``seen``, one of the same
+    major version, else the newest of a higher one (no CUDA 12 wheel ships
+    ``nvcc`` on Linux, and a CUDA 13 compiler builds for CUDA 12 headers).
+    ``None``: NVIDIA's compiler wheels are to be installed for the build.
+
+    Example:
+
+    >>> from keras_adapt.horovod_build.toolchain import CudaToolkit, find_nvcc
+    >>> runtime = CudaToolkit("12.9", "pip", pieces=("/site/nvidia/cuda_runtime",))
+    >>> system = CudaToolkit("13.0", "system", home="/usr/local/cuda", nvcc="/usr/local/cuda/bin/nvcc")
+    >>> find_nvcc(runtime, (runtime, system)).home, find_nvcc(runtime, (runtime,))
+    ('/usr/local/cuda', None)
+    """
+    if runtime.nvcc is not None:
+        return runtime
+    compilers = [t for t in seen if t.nvcc is not None and t.major >= runtime.major]
+    same = [t for t in compilers if t.major == runtime.major]
+    if same:
+        return same[0]
+    return max(compilers, key=lambda t: tuple(map(int, t.version.split(".")))) if compilers else None
 
 
 def _nccl_version(header):
