@@ -36,6 +36,17 @@ def _tf_version():
     return out.strip().splitlines()[-1]
 
 
+def _tf_is_cuda_build():
+    import tensorflow as tf
+
+    return bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+
+
+#: The tests that expect TensorFlow's CPU wheel (make test's stacks); the GPU
+#: stack (make setup-gpu) has the GPU wheel.
+cpu_wheel_only = pytest.mark.skipif(_tf_is_cuda_build(), reason="TensorFlow's GPU wheel")
+
+
 def test_setup_built_this_stacks_horovod_with_the_command_and_recorded_it():
     record = build.read_record(sys.prefix)
     assert record is not None, "make setup builds Horovod with keras-adapt build-horovod"
@@ -49,7 +60,9 @@ def test_setup_built_this_stacks_horovod_with_the_command_and_recorded_it():
     assert record["patches"] == digest.hexdigest()[:16]
     mpi = shutil.which("mpicc") is not None
     assert record["controllers"] == (["gloo", "mpi"] if mpi else ["gloo"])
-    assert record["gpu_operations"] is None  # the CPU wheel of TensorFlow
+    # NCCL in the GPU stack (make setup-gpu), none with TensorFlow's CPU wheel
+    assert record["gpu_operations"] == ("NCCL" if _tf_is_cuda_build() else None)
+    assert ("[X] NCCL" in record["check_build"]) == _tf_is_cuda_build()
     assert "[X] Gloo" in record["check_build"] and "[X] TensorFlow" in record["check_build"]
     assert ("[X] MPI" in record["check_build"]) == mpi
     import horovod
@@ -69,6 +82,7 @@ def test_a_second_run_finds_the_build_up_to_date_and_changes_nothing():
     assert os.stat(path).st_mtime_ns == before
 
 
+@cpu_wheel_only
 def test_dry_run_says_what_would_be_built_with_every_command():
     proc = _command("--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -101,6 +115,7 @@ def test_bad_options_name_the_value_and_the_fix(args, message):
     assert message in proc.stderr, proc.stderr
 
 
+@cpu_wheel_only
 def test_gpu_options_with_the_cpu_wheel_of_tensorflow_say_to_install_the_gpu_wheel():
     proc = _command("--cuda-home", "/usr/local/cuda", "--dry-run")
     assert proc.returncode == 1
