@@ -70,8 +70,8 @@ $(VENV2)/.ready: requirements/legacy.txt tools/setup_stack.sh $(HOROVOD_BUILD) $
 
 # The GPU stack: TensorFlow's GPU wheel, CUDA 12 and NCCL from NVIDIA's pip
 # wheels, Horovod built with NCCL by `keras-adapt build-horovod`. It compiles
-# here (no GPU needed); not part of `make setup`/`make test` (about 6 GB and
-# a longer build). tools/gpu_check.sh runs the GPU tests where a GPU exists.
+# here (no GPU needed); not part of `make setup`/`make test` (6.8 GB; 14 min
+# beside a running make test). tools/gpu_check.sh runs the GPU tests on a GPU.
 setup-gpu: $(VENV_GPU)/.ready
 $(VENV_GPU)/.ready: requirements/gpu-tf2.21.txt requirements/primary-common.txt \
 		tools/setup_stack.sh $(HOROVOD_BUILD) $(OPS_SRC)
