@@ -21,7 +21,7 @@ Example:
 >>> build.HOROVOD_VERSION
 '0.28.1'
 >>> [p.split("-")[0] for p in build.patch_names()]
-['0001', '0002']
+['0001', '0002', '0003']
 """
 
 import dataclasses
