@@ -252,7 +252,7 @@ def _env(site, tf_cuda="12.5.1"):
 
 
 def _plan(gpu):
-    return build.BuildPlan(env=_env("/site"), controllers=("gloo",), mpicc=None,
+    return build.BuildPlan(env=_env("/site"), controllers=("gloo",),
                            cmake="/usr/bin/cmake", compiler="/usr/bin/c++", gpu=gpu, sdist=None,
                            jobs=2)
 

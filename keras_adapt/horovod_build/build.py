@@ -43,8 +43,6 @@ __all__ = ["HOROVOD_VERSION", "BuildError", "BuildPlan", "GpuChoice", "cccl_whee
            "read_record", "run_build", "verify"]
 
 HOROVOD_VERSION = "0.28.1"
-#: TensorFlow versions (major, minor) the build is tested with.
-TESTED_TENSORFLOW = ((2, 15), (2, 18), (2, 21))
 #: Horovod's runtime dependencies, installed before it is built without them.
 RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
 #: Build variables that ask for GPU operations; a CPU build unsets them.
@@ -138,7 +136,6 @@ class BuildPlan:
 
     env: toolchain.PythonEnv
     controllers: tuple
-    mpicc: str
     cmake: str
     compiler: str
     gpu: "GpuChoice"
@@ -290,7 +287,7 @@ def plan_build(python=None, *, cpu_only=False, cuda_home=None, nccl_home=None, s
         if toolchain.cmake_major(out) != 3:
             cmake = None
     gpu = choose_gpu_operations(env, cpu_only, cuda_home, nccl_home)
-    return BuildPlan(env=env, controllers=("gloo", "mpi") if mpicc else ("gloo",), mpicc=mpicc,
+    return BuildPlan(env=env, controllers=("gloo", "mpi") if mpicc else ("gloo",),
                      cmake=cmake, compiler=compiler, gpu=gpu, sdist=sdist,
                      jobs=jobs or os.cpu_count() or 1)
 

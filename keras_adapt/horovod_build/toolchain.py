@@ -39,7 +39,7 @@ except Exception as exc:
 else:
     info = tf.sysconfig.get_build_info()
     out.update(tensorflow=tf.__version__, tf_cuda=info.get("cuda_version") if info.get("is_cuda_build") else None,
-               cxx11_abi=int(tf.sysconfig.CXX11_ABI_FLAG), tf_include=tf.sysconfig.get_include(),
+               cxx11_abi=int(tf.sysconfig.CXX11_ABI_FLAG),
                compile_flags=tf.sysconfig.get_compile_flags(), link_flags=tf.sysconfig.get_link_flags())
 print("KERAS_ADAPT_PROBE " + json.dumps(out))
 """
@@ -70,7 +70,6 @@ class PythonEnv:
     tensorflow_error: str = None
     tf_cuda: str = None
     cxx11_abi: int = None
-    tf_include: str = None
     compile_flags: tuple = ()
     link_flags: tuple = ()
 
