@@ -83,6 +83,26 @@ if [ ! -x /usr/sbin/sshd ]; then
     log "/usr/sbin/sshd not found and not root: the emulated-hosts tests will skip"
   fi
 fi
+
+# Debian's Slurm (22.05: slurmctld, slurmd, the client commands) and munge for
+# tests/test_slurm.py (tools/emulated_slurm.py runs the controller here and one
+# slurmd per emulated host, with its own scratch configuration and munge key).
+# Installed when we are root and it is missing; otherwise that test skips and
+# says why. A service an init script started on installing is stopped again:
+# the tests start their own daemons and stop them.
+if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Slurm and munge from Debian (slurmctld slurmd slurm-client munge)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; } \
+      || log "Slurm could not be installed; tests/test_slurm.py will skip its Slurm jobs"
+    for service in slurmctld slurmd munge; do
+      if command -v service >/dev/null 2>&1; then service "$service" stop >/dev/null 2>&1 || true; fi
+    done
+  else
+    log "/usr/sbin/slurmctld, slurmd or munged not found and not root: tests/test_slurm.py will skip its Slurm jobs"
+  fi
+fi
 flock -u 9
 
 # Horovod, built by the command keras-adapt ships (`keras-adapt build-horovod`,
