@@ -11,6 +11,9 @@ not excluded (``StragglerPolicy(action="exclude")`` writes X), capped by the
 target worker count a resize policy writes (:mod:`keras_adapt.discover`).
 ``keras-adapt build-horovod`` builds Horovod 0.28.1, patched for current
 TensorFlow, into the active environment (:mod:`keras_adapt.horovod_build`).
+``keras-adapt slurm-hosts`` prints, inside a Slurm allocation, its nodes and
+tasks as ``horovodrun -H`` hosts, ``-np``, or a hosts file for ``discover``
+(:mod:`keras_adapt.slurm`).
 ``keras-adapt --version`` prints the version.
 
 Example:
@@ -138,6 +141,19 @@ def _parser():
                     help="parallel compile jobs (default: the number of CPUs)")
     hb.add_argument("--force", action="store_true",
                     help="build even when this environment's recorded build is up to date")
+    sh = sub.add_parser(
+        "slurm-hosts",
+        help="print the Slurm allocation's hosts for horovodrun -H, -np or a hosts file",
+        description="Inside a Slurm allocation (a batch script, salloc, srun) prints its nodes "
+        "(SLURM_JOB_NODELIST, expanded from Slurm's compressed form) with one worker per task "
+        "(SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else SLURM_JOB_CPUS_PER_NODE): "
+        "as horovodrun's -H list (h2:1,h3:1), as the worker count for -np, or as one host:slots "
+        "line per node for keras-adapt discover --hosts-file. Exits 2 outside an allocation "
+        "or on malformed variables, naming the variable.",
+    )
+    sh.add_argument("--format", choices=("horovodrun", "np", "hostfile"), default="horovodrun",
+                    help="horovodrun: host:slots,... for -H; np: the worker count; hostfile: "
+                    "one host:slots per line (default: %(default)s)")
     return parser
 
 
@@ -248,6 +264,23 @@ def _discover(args):
     return 0
 
 
+def _slurm_hosts(args):
+    from keras_adapt import slurm
+
+    try:
+        hosts = slurm.allocation_hosts()
+    except (slurm.NotInAllocation, ValueError) as exc:
+        print(f"keras-adapt slurm-hosts: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "np":
+        print(slurm.worker_count(hosts))
+    elif args.format == "hostfile":
+        print(slurm.format_hostfile(hosts), end="")
+    else:
+        print(slurm.format_horovodrun(hosts))
+    return 0
+
+
 def main(argv=None):
     """Runs the command line; returns the exit code (0 ok, 2 bad input).
 
@@ -269,6 +302,8 @@ def main(argv=None):
         return _discover(args)  # polled every second: no TensorFlow import
     if args.command == "build-horovod":
         return _build_horovod(args)
+    if args.command == "slurm-hosts":
+        return _slurm_hosts(args)  # in batch scripts: no TensorFlow import
     if args.command not in ("report", "plan"):
         parser.print_help()
         return 2
