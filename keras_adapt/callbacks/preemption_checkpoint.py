@@ -1,4 +1,4 @@
-"""PreemptionCheckpoint: stop every worker at the same step on SIGTERM, checkpoint, resume there."""
+"""PreemptionCheckpoint: stop every worker at the same step on SIGTERM or a cloud notice, checkpoint, resume there."""
 
 import os
 import sys
@@ -12,7 +12,8 @@ import tensorflow as tf
 from keras_adapt import _hvd
 from keras_adapt.checkpointing import CheckpointFiles, epoch_ender
 from keras_adapt.checks import check_float, check_int
-from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.coordination import (EXIT_CODE, SIGNALS, CheckInterval, RevocationNotices,
+                                      SignalAgreement)
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.monitors import step_pauses
 from keras_adapt.optimizer import UpdateBoundary, require_distributed
@@ -68,6 +69,18 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     ``preemption`` when the workers stop, ``checkpoint`` per periodic save,
     ``resume`` when a run restarts from a checkpoint.
 
+    On preemptible or spot cloud VMs, ``notices`` also watches the
+    provider's metadata service (:class:`~keras_adapt.coordination.RevocationNotices`,
+    a thread from the beginning of ``fit`` to its end): a revocation notice
+    is a stop request exactly like a signal, named by its source
+    (``"gce"``, ``"aws"``, ``"azure"``), and must be answered before the
+    deadline it gives: the ``deadline_s`` timer runs for the shorter of
+    ``deadline_s`` and the notice's time left, and the ``"auto"`` interval
+    is capped by the shorter of ``deadline_s`` and the provider's
+    documented lead (30 s; AWS 120 s). The ``preemption`` event then holds
+    the deadlines and the time left at the notice and when the checkpoint
+    was on disk (docs/cloud_vms.md).
+
     Under Horovod Elastic pass it among the callbacks of
     :func:`keras_adapt.elastic.fit` instead: the elastic
     :class:`~keras_adapt.elastic.LeaveOnSignalCallback` then agrees on the
@@ -99,6 +112,11 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             they are in the checkpoint.
         log_dir: directory of ``adapt_events.jsonl``; None keeps the events in
             memory (:attr:`events`) and listeners (under elastic: the state's).
+        notices: None (no watcher: the default), a provider (``"gce"``,
+            ``"aws"``, ``"azure"``: its metadata service, or the one
+            ``KERAS_ADAPT_METADATA_ENDPOINT`` names) or a
+            :class:`~keras_adapt.coordination.RevocationNotices` (endpoint,
+            poll interval, timeouts of your choice). Not under elastic.
 
     Example:
 
@@ -114,7 +132,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     """
 
     def __init__(self, directory, max_to_keep=2, deadline_s=25.0, exit_code=EXIT_CODE,
-                 save_freq="epoch", check_interval="auto", log_dir=None):
+                 save_freq="epoch", check_interval="auto", log_dir=None, notices=None):
         super().__init__()
         #: The checkpoint files (:class:`~keras_adapt.checkpointing.CheckpointFiles`).
         self.files = CheckpointFiles(directory, max_to_keep)
@@ -133,6 +151,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        if isinstance(notices, str):
+            notices = RevocationNotices(notices)
+        if notices is not None and not isinstance(notices, RevocationNotices):
+            raise TypeError(f"notices must be None, a provider name ('gce', 'aws', 'azure') or a "
+                            f"keras_adapt.coordination.RevocationNotices, got {notices!r}")
+        #: The revocation-notice watcher (a RevocationNotices), or None.
+        self.notices = notices
         #: True once the workers stopped for a signal.
         self.preempted = False
         #: Every event this callback recorded, in order.
@@ -140,6 +165,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         #: Seconds from the first signal (on any rank) to the checkpoint on
         #: disk, on every rank (None before a preemption).
         self.signal_to_disk_s = None
+        #: Seconds from the checkpoint on disk to the earliest deadline of
+        #: the notices agreed on, on every rank (None: no notice).
+        self.time_left_s = None
         self._signals = SignalAgreement("keras_adapt_preempt", SIGNALS, self.start_deadline)
         self._saved = threading.Event()
         self._dataset = None
@@ -153,9 +181,14 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._ender = None  # the callback that ends the epochs on its count, if any
         self._stopping = False  # agreed to stop, at an update boundary
         self._save_at_epoch_end = False  # a periodic save due at the epoch's last step
-        self._schedule = CheckInterval(check_interval, self.deadline_s)
+        # A notice may give less time than deadline_s: the agreements must come sooner.
+        spacing = self.deadline_s if notices is None else min(
+            notices.lead_s, self.deadline_s or notices.lead_s)
+        self._schedule = CheckInterval(check_interval, spacing)
         self._boundary = None  # which micro-step completes an update
         self._timer = None
+        #: Seconds the running deadline timer was set to (None: none started).
+        self.deadline_timer_s = None
 
     # -- reading the directory (the files') ---------------------------------
     def checkpoints(self):
@@ -228,30 +261,35 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             raise ValueError(f"checkpoint {found[0]} is at step {step} of epoch {epoch}, but an "
                              f"epoch of this data has {spe} steps; resume with the same data "
                              "and batch size")
-        histories = []
-        run = callbacks + [self]
-        # The stream is shuffled already (Keras would warn that it ignores shuffle).
-        fit_kwargs["shuffle"] = False
-        if self._ender is not None:  # the policy ends each epoch on its count
-            self._offset = step
-            if epoch < epochs:
-                histories.append(model.fit(data.dataset, initial_epoch=epoch, epochs=epochs,
-                                           callbacks=run, **fit_kwargs))
-            return histories[-1] if histories else keras.callbacks.History()
-        if step > 0 and epoch < epochs:  # the rest of the interrupted epoch
-            self._offset = step
-            histories.append(model.fit(data.dataset, steps_per_epoch=spe - step,
-                                       initial_epoch=epoch, epochs=epoch + 1, callbacks=run,
-                                       **fit_kwargs))
-            epoch += 1
-        if epoch < epochs and not self.preempted:
-            histories.append(model.fit(data.dataset, steps_per_epoch=spe, initial_epoch=epoch,
-                                       epochs=epochs, callbacks=run, **fit_kwargs))
-        history = histories[-1] if histories else keras.callbacks.History()
-        if len(histories) == 2:
-            first, history.epoch = histories[0], histories[0].epoch + history.epoch
-            history.history = {k: first.history.get(k, []) + v for k, v in history.history.items()}
-        return history
+        try:
+            histories = []
+            run = callbacks + [self]
+            # The stream is shuffled already (Keras would warn that it ignores shuffle).
+            fit_kwargs["shuffle"] = False
+            if self._ender is not None:  # the policy ends each epoch on its count
+                self._offset = step
+                if epoch < epochs:
+                    histories.append(model.fit(data.dataset, initial_epoch=epoch, epochs=epochs,
+                                               callbacks=run, **fit_kwargs))
+                return histories[-1] if histories else keras.callbacks.History()
+            if step > 0 and epoch < epochs:  # the rest of the interrupted epoch
+                self._offset = step
+                histories.append(model.fit(data.dataset, steps_per_epoch=spe - step,
+                                           initial_epoch=epoch, epochs=epoch + 1, callbacks=run,
+                                           **fit_kwargs))
+                epoch += 1
+            if epoch < epochs and not self.preempted:
+                histories.append(model.fit(data.dataset, steps_per_epoch=spe, initial_epoch=epoch,
+                                           epochs=epochs, callbacks=run, **fit_kwargs))
+            history = histories[-1] if histories else keras.callbacks.History()
+            if len(histories) == 2:
+                first, history.epoch = histories[0], histories[0].epoch + history.epoch
+                history.history = {k: first.history.get(k, []) + v
+                                   for k, v in history.history.items()}
+            return history
+        finally:  # the notice watcher ends with fit, however fit ends
+            if self.notices is not None:
+                self.notices.stop()
 
     # -- state -------------------------------------------------------------
     def _restore(self, path, meta):
@@ -313,20 +351,45 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         return event
 
     # -- signals -----------------------------------------------------------
-    def start_deadline(self, signal_name):
-        """Starts the ``deadline_s`` timer of a signal (``"SIGTERM"``): called
-        by the signal handler, after it recorded the signal."""
-        if self.deadline_s is not None and self._timer is None:
-            self._timer = threading.Timer(self.deadline_s, self._deadline_passed, [signal_name])
+    def start_deadline(self, signal_name, deadline=None):
+        """Starts the timer of a stop request: ``deadline_s``, or the time
+        left to ``deadline`` (a notice's, ``time.time()``) when shorter.
+        Called by the signal handler (or the notice watcher) after it
+        recorded the request of ``signal_name`` (``"SIGTERM"``, ``"gce"``).
+
+        Example:
+
+        >>> import tempfile, time
+        >>> from keras_adapt.callbacks import PreemptionCheckpoint
+        >>> ckpt = PreemptionCheckpoint(tempfile.mkdtemp(), deadline_s=25.0)
+        >>> ckpt.start_deadline("aws", time.time() + 120.0)
+        >>> ckpt.deadline_timer_s
+        25.0
+        >>> ckpt.cancel_deadline()
+        """
+        seconds = self.deadline_s
+        if deadline is not None:
+            left = max(0.0, deadline - time.time())
+            seconds = left if seconds is None else min(seconds, left)
+        if seconds is not None and self._timer is None:
+            self.deadline_timer_s = seconds
+            self._timer = threading.Timer(seconds, self._deadline_passed, [signal_name])
             self._timer.daemon = True
             self._timer.start()
+
+    def cancel_deadline(self):
+        """Stops the timer of :meth:`start_deadline` (no exit then)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
 
     def _deadline_passed(self, signal_name):
         if self._saved.is_set():
             return
         sys.stderr.write(
-            f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within deadline_s="
-            f"{self.deadline_s} s of {signal_name}; exiting with {self.exit_code}, the "
+            f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within "
+            f"{self.deadline_timer_s:.1f} s of {signal_name} (deadline_s={self.deadline_s}, or "
+            f"the notice's time left); exiting with {self.exit_code}, the "
             f"newest checkpoint in {self.directory} is the previous one\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE if self.exit_code is None else self.exit_code)
@@ -359,11 +422,15 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._schedule.start()
         self._boundary = UpdateBoundary(self.model.optimizer)
         self._install_handlers()
+        if self.notices is not None:
+            self.notices.start(self._signals.request)
 
     def on_train_end(self, logs=None):
         self._signals.remove()
-        if self._timer is not None and not self.preempted:
-            self._timer.cancel()  # training ended before the workers agreed to stop
+        if self.notices is not None:
+            self.notices.stop()
+        if not self.preempted:
+            self.cancel_deadline()  # training ended before the workers agreed to stop
         self._timer = None
         if self.preempted and self.exit_code is not None:
             raise SystemExit(self.exit_code)
@@ -393,7 +460,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             self.model.stop_training = True
             if not self._last_step_of_epoch():
                 self._stop(self._epoch, self._step_in_epoch, self._signals.signalled,
-                           self._schedule.interval)
+                           self._schedule.interval, self._signals.deadlines)
             # else: on_epoch_end saves after the epoch-end callbacks
 
     def _last_step_of_epoch(self):
@@ -414,7 +481,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         # the fit at this epoch's end.
         if self._stopping or (self.preempted and self.model.stop_training):
             if not self._saved.is_set():
-                self._stop(epoch + 1, 0, self._signals.signalled, self._schedule.interval)
+                self._stop(epoch + 1, 0, self._signals.signalled, self._schedule.interval,
+                           self._signals.deadlines)
             # A policy that ended this epoch cleared the flag in its on_epoch_end.
             self.model.stop_training = True
             return
@@ -444,25 +512,33 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
                       "checkpoint": path or ""})
         return path
 
-    def _stop(self, epoch, step_in_epoch, signalled, check_interval):
+    def _stop(self, epoch, step_in_epoch, signalled, check_interval, deadlines=None):
         """Writes the preemption checkpoint and the ``preemption`` event (rank
         0), then waits until every rank is there: no rank exits (which makes
         horovodrun end the job) before both are on disk. ``signalled``:
-        ``{rank: (signal name, time)}`` as agreed."""
+        ``{rank: (signal name, time)}`` as agreed; ``deadlines``: ``{rank:
+        deadline}`` of their notices."""
         path = self._save(epoch, step_in_epoch)
         ranks = sorted(signalled)
         first = min(t for _, t in signalled.values())
-        since = time.time() - first
+        on_disk = time.time()
+        since = on_disk - first
+        deadlines = [deadlines.get(r) for r in ranks] if deadlines else [None] * len(ranks)
+        known = [d for d in deadlines if d is not None]
         self._record("preemption", f"{', '.join(f'{signalled[r][0]} on rank {r}' for r in ranks)}"
                      f": all ranks stopped at epoch {epoch} step {step_in_epoch}, checkpoint "
                      "written", {},
                      {"epoch": epoch, "step_in_epoch": step_in_epoch, "checkpoint": path or "",
                       "signalled_ranks": ranks, "signals": [signalled[r][0] for r in ranks],
                       "signal_to_disk_s": since, "check_interval": check_interval,
-                      "exit_code": self.exit_code})
+                      "exit_code": self.exit_code, "deadlines": deadlines,
+                      "time_left_at_notice_s": [None if d is None else d - signalled[r][1]
+                                                for r, d in zip(ranks, deadlines)],
+                      "time_left_at_disk_s": min(known) - on_disk if known else None})
         _hvd.host_allreduce_mean([0.0], "keras_adapt_preempt_saved")
         self._saved.set()
         self.signal_to_disk_s = time.time() - first
+        self.time_left_s = min(known) - time.time() if known else None
 
     # -- driven by another training loop -------------------------------------
     def attach(self, model, dataset=None, policies=(), log_dir=None):
@@ -500,14 +576,16 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._epoch = int(epoch)
         return self._periodic(int(epoch), int(step_in_epoch))
 
-    def stop(self, epoch, step_in_epoch, signalled, check_interval):
+    def stop(self, epoch, step_in_epoch, signalled, check_interval, deadlines=None):
         """Every rank, once all have agreed to stop at ``(epoch,
         step_in_epoch)``: rank 0 writes the checkpoint (what :meth:`attach`
         gave) and the ``preemption`` event, and every rank waits until both
         are on disk (one host allreduce). ``signalled``: ``{rank: (signal
         name, time)}`` as agreed; ``check_interval``: the steps between the
-        last two agreements. The caller then ends the process with
-        :attr:`exit_code`.
+        last two agreements; ``deadlines``: ``{rank: deadline}`` of the
+        notices among them (:attr:`SignalAgreement.deadlines
+        <keras_adapt.coordination.SignalAgreement>`). The caller then ends
+        the process with :attr:`exit_code`.
 
         Example:
 
@@ -523,4 +601,4 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         """
         self._epoch = int(epoch)
         self.preempted = True
-        self._stop(int(epoch), int(step_in_epoch), signalled, check_interval)
+        self._stop(int(epoch), int(step_in_epoch), signalled, check_interval, deadlines)

@@ -1,8 +1,9 @@
 """How the workers come to agree: every worker takes one rank's variables
 (:func:`broadcast_variables`), and every rank learns at the same step which
 ranks were signalled (:class:`SignalAgreement`, on the schedule of
-:class:`CheckInterval`). The preemption checkpoint, the broadcast callback
-and the elastic state and callbacks build on them.
+:class:`CheckInterval`), a cloud VM's revocation notice counting as a
+signal (:class:`RevocationNotices`). The preemption checkpoint, the
+broadcast callback and the elastic state and callbacks build on them.
 
 Example:
 
@@ -12,6 +13,7 @@ Example:
 """
 
 from keras_adapt.coordination.broadcast import broadcast_variables
+from keras_adapt.coordination.revocation_notices import RevocationNotices
 from keras_adapt.coordination.signal_agreement import (
     EXIT_CODE,
     SIGNALS,
@@ -24,6 +26,7 @@ __all__ = [
     "EXIT_CODE",
     "SIGNALS",
     "CheckInterval",
+    "RevocationNotices",
     "SignalAgreement",
     "auto_check_interval",
     "broadcast_variables",

@@ -1,4 +1,4 @@
-"""SignalAgreement: a signal only sets a flag; one tiny allreduce tells every rank who got one."""
+"""SignalAgreement: a signal or cloud notice only sets a flag; one tiny allreduce tells every rank who got one."""
 
 import collections
 import signal
@@ -9,6 +9,7 @@ import numpy as np
 
 from keras_adapt import _hvd
 from keras_adapt.checks import invalid
+from keras_adapt.coordination.revocation_notices import PROVIDERS
 
 #: The signals a preempted machine (SIGTERM) or a user (SIGINT, Ctrl-C) sends.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -16,6 +17,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: ``EX_TEMPFAIL`` of ``sysexits.h``, "a temporary failure, the user is
 #: invited to retry".
 EXIT_CODE = 75
+#: The number that stands for a notice source in the agreement (above every
+#: signal number): 1000 + its place among the providers, sorted by name.
+_SOURCE_CODES = {name: 1000 + i for i, name in enumerate(sorted(PROVIDERS))}
+_SOURCE_NAMES = {code: name for name, code in _SOURCE_CODES.items()}
 
 
 class SignalAgreement:
@@ -24,10 +29,14 @@ class SignalAgreement:
 
     The handler (installed by :meth:`install`, on the main thread) only
     records the first signal: its name and time, then calls ``on_signal``
-    if given. :meth:`agree`, called by every rank at the same point, is one
-    host allreduce of ``2 x workers`` numbers (each rank's signal time and
-    signal number, 0 when none) plus any ``extra`` numbers the caller wants
-    averaged in the same collective. Used by
+    if given. A revocation notice of a cloud VM
+    (:class:`~keras_adapt.coordination.RevocationNotices`, from its thread)
+    is recorded the same way by :meth:`request`, with its source (``"gce"``,
+    ``"aws"``, ``"azure"``) for the signal's name and the deadline it gives.
+    :meth:`agree`, called by every rank at the same point, is one host
+    allreduce of ``3 x workers`` numbers (each rank's request time, signal
+    number or source code, deadline; 0 when none) plus any ``extra`` numbers
+    the caller wants averaged in the same collective. Used by
     :class:`~keras_adapt.callbacks.PreemptionCheckpoint` (every rank stops)
     and :class:`~keras_adapt.elastic.LeaveOnSignalCallback` (the signalled
     ranks leave an elastic job).
@@ -35,15 +44,20 @@ class SignalAgreement:
     Args:
         name: the allreduce's name (one per user, so two never mix).
         signals: the signals handled.
-        on_signal: called as ``on_signal(signal_name)`` after the first
-            signal is recorded (in the handler: keep it short), or None.
+        on_signal: called as ``on_signal(name, deadline)`` after the first
+            request is recorded (``deadline``: a notice's ``time.time()``
+            deadline, None for a signal; in the handler: keep it short), or
+            None.
 
     Attributes:
-        requested: whether this process got a signal.
-        signal: the name of the first one (``"SIGTERM"``), or None.
+        requested: whether this process got a signal or a notice.
+        signal: the name of the first one (``"SIGTERM"``, ``"gce"``), or None.
         signal_time: its ``time.time()``, or None.
+        deadline: the notice's deadline (``time.time()``), or None.
         signalled: after :meth:`agree`, ``{rank: (signal name, time)}`` of
             every signalled rank.
+        deadlines: after :meth:`agree`, ``{rank: deadline}`` of the ranks
+            whose request came with a deadline.
 
     Example:
 
@@ -58,6 +72,10 @@ class SignalAgreement:
     >>> sorted(signalled), signalled[0][0], float(extra[0])
     ([0], 'SIGUSR1', 2.5)
     >>> agreement.remove()
+    >>> agreement.clear(); agreement.request("aws", deadline=2e9)
+    >>> signalled, _ = agreement.agree()
+    >>> signalled[0][0], agreement.deadlines
+    ('aws', {0: 2000000000.0})
     """
 
     def __init__(self, name, signals=SIGNALS, on_signal=None):
@@ -76,13 +94,18 @@ class SignalAgreement:
         self.requested = False
         self.signal = None
         self.signal_time = None
+        self.deadline = None
         self.signalled = {}
+        self.deadlines = {}
         self._old_handlers = {}
+        # Reentrant: a signal may come while the main thread records one.
+        self._lock = threading.RLock()
 
     def clear(self):
         """Forgets a signal recorded before (a new run starts)."""
-        self.requested, self.signal, self.signal_time = False, None, None
-        self.signalled = {}
+        with self._lock:
+            self.requested, self.signal, self.signal_time = False, None, None
+            self.deadline, self.signalled, self.deadlines = None, {}, {}
 
     def install(self):
         """Installs the handlers (on the main thread; again: no effect)."""
@@ -101,34 +124,53 @@ class SignalAgreement:
         self._old_handlers = {}
 
     def _handle(self, signum, frame):
-        if self.requested:
-            return
-        self.requested = True
-        self.signal = signal.Signals(signum).name
-        self.signal_time = time.time()
+        self._record(signal.Signals(signum).name, None)
+
+    def request(self, source, deadline=None):
+        """Records a stop request from ``source`` (a provider of
+        :data:`~keras_adapt.coordination.revocation_notices.PROVIDERS`), due
+        by ``deadline`` (``time.time()``, or None), as a signal would be
+        (after the first: no effect). Any thread may call it."""
+        if source not in _SOURCE_CODES:
+            raise invalid("source", source, f"use one of {sorted(_SOURCE_CODES)}")
+        self._record(source, None if deadline is None else float(deadline))
+
+    def _record(self, name, deadline):
+        with self._lock:
+            if self.requested:
+                return
+            self.requested = True
+            self.signal, self.signal_time, self.deadline = name, time.time(), deadline
         if self.on_signal is not None:
-            self.on_signal(self.signal)
+            self.on_signal(name, deadline)
 
     def agree(self, extra=()):
         """The collective: every rank must call it at the same point.
 
         Returns ``(signalled, extra_mean)``: ``{rank: (signal name, signal
-        time)}`` of the ranks that got a signal (the same on every rank),
-        and the mean over the ranks of ``extra`` (a numpy array).
+        time)}`` of the ranks that got a signal or a notice (the same on
+        every rank; :attr:`deadlines` their notices' deadlines), and the
+        mean over the ranks of ``extra`` (a numpy array).
         """
         size, rank = _hvd.size(), _hvd.rank()
         extra = np.asarray(extra, dtype=np.float64).reshape(-1)
-        values = np.zeros(2 * size + extra.size)
-        if self.requested:
-            # The mean of values that are 0 on every other rank: times size.
-            values[rank] = self.signal_time * size
-            values[size + rank] = float(signal.Signals[self.signal].value) * size
-        values[2 * size:] = extra
+        values = np.zeros(3 * size + extra.size)
+        with self._lock:
+            if self.requested:
+                # The mean of values that are 0 on every other rank: times size.
+                values[rank] = self.signal_time * size
+                code = _SOURCE_CODES.get(self.signal) or signal.Signals[self.signal].value
+                values[size + rank] = float(code) * size
+                values[2 * size + rank] = (self.deadline or 0.0) * size
+        values[3 * size:] = extra
         values = _hvd.host_allreduce_mean(values, self.name)
-        self.signalled = {r: (signal.Signals(int(round(values[size + r]))).name,
+        codes = [int(round(v)) for v in values[size:2 * size]]
+        self.signalled = {r: (_SOURCE_NAMES.get(codes[r]) or signal.Signals(codes[r]).name,
                               float(values[r]))
                           for r in range(size) if values[r] > 0.0}
-        return self.signalled, values[2 * size:]
+        self.deadlines = {r: float(values[2 * size + r]) for r in self.signalled
+                          if values[2 * size + r] > 0.0}
+        return self.signalled, values[3 * size:]
 
 
 def auto_check_interval(check_s, step_s, deadline_s, overhead=0.01):
