@@ -7,6 +7,7 @@ noise scale, the time and cost of training S samples at each worker count and
 batch size (:mod:`keras_adapt.plan`).
 ``keras-adapt discover --hosts-file F --target-file T --exclude-file X`` prints
 ``host:slots`` lines for ``horovodrun --host-discovery-script``: the hosts
+(or, with ``--kubernetes-selector``, the ready pods from the Kubernetes API)
 not excluded (``StragglerPolicy(action="exclude")`` writes X), capped by the
 target worker count a resize policy writes (:mod:`keras_adapt.discover`).
 ``keras-adapt build-horovod`` builds Horovod 0.28.1, patched for current
@@ -92,7 +93,8 @@ def _parser():
     disc = sub.add_parser(
         "discover",
         help="print host:slots lines for horovodrun --host-discovery-script",
-        description="Prints one host:slots line per host, from a hosts file or a fixed list, "
+        description="Prints one host:slots line per host, from a hosts file, a fixed list, or "
+        "the Running and Ready pods of a label selector in the Kubernetes API, "
         "leaving out the hosts named in the exclusion file (written by StragglerPolicy("
         "action='exclude'); remove a line to bring a host back), with the total slots capped "
         "by the target worker count in the target file (written by keras-adapt's resize "
@@ -101,18 +103,42 @@ def _parser():
         "KERAS_ADAPT_HOSTS_FILE (or KERAS_ADAPT_HOSTS), KERAS_ADAPT_TARGET_FILE and "
         "KERAS_ADAPT_EXCLUDE_FILE from the environment.",
     )
-    disc.add_argument("--hosts-file", metavar="F",
-                      help="file with one host[:slots] per line (# comments allowed); "
-                      "default $KERAS_ADAPT_HOSTS_FILE")
-    disc.add_argument("--hosts", metavar="H:S,H:S",
-                      help="fixed host list instead of a file, e.g. node-1:2,node-2:2; "
-                      "default $KERAS_ADAPT_HOSTS")
+    source = disc.add_mutually_exclusive_group()
+    source.add_argument("--hosts-file", metavar="F",
+                        help="file with one host[:slots] per line (# comments allowed); "
+                        "default $KERAS_ADAPT_HOSTS_FILE")
+    source.add_argument("--hosts", metavar="H:S,H:S",
+                        help="fixed host list instead of a file, e.g. node-1:2,node-2:2; "
+                        "default $KERAS_ADAPT_HOSTS")
+    source.add_argument("--kubernetes-selector", metavar="LABELS",
+                        help="the hosts are the Running and Ready pods with these labels, "
+                        "read from the Kubernetes API, e.g. training.kubeflow.org/job-name=train,"
+                        "training.kubeflow.org/job-role=worker (an MPIJob's workers)")
     disc.add_argument("--target-file", metavar="T",
                       help="file holding the target worker count; default "
                       "$KERAS_ADAPT_TARGET_FILE")
     disc.add_argument("--exclude-file", metavar="X",
                       help="file with one host name per line to leave out (# comments "
                       "allowed); default $KERAS_ADAPT_EXCLUDE_FILE")
+    kube = disc.add_argument_group(
+        "Kubernetes", "with --kubernetes-selector; in a pod the defaults come from its service "
+        "account and environment")
+    kube.add_argument("--kubernetes-namespace", metavar="NS",
+                      help="the pods' namespace (default: the service account's)")
+    kube.add_argument("--kubernetes-api", metavar="URL",
+                      help="the API server (default: https://$KUBERNETES_SERVICE_HOST:"
+                      "$KUBERNETES_SERVICE_PORT)")
+    kube.add_argument("--kubernetes-token-file", metavar="F",
+                      help="bearer token file (default: the service account's token)")
+    kube.add_argument("--kubernetes-ca-file", metavar="F",
+                      help="CA bundle of an https API server (default: the service "
+                      "account's ca.crt)")
+    kube.add_argument("--kubernetes-host-format", metavar="FMT",
+                      help="how a pod is named for Horovod, from {name} {namespace} {hostname} "
+                      "{subdomain} {ip} (default: {hostname}.{subdomain}.{namespace}.svc, the "
+                      "MPI Operator's worker names)")
+    kube.add_argument("--slots-per-pod", type=int, default=1, metavar="N",
+                      help="workers per pod, one per GPU (default: %(default)s)")
     hb = sub.add_parser(
         "build-horovod",
         help="build Horovod 0.28.1 into this environment, against its TensorFlow",
@@ -193,7 +219,7 @@ def _plan(args):
 
 def _option_names(message):
     """The library's argument names in a message, spelled as the command's options."""
-    for name in ("cuda_home", "nccl_home", "cpu_only", "sdist", "jobs",
+    for name in ("cuda_home", "nccl_home", "cpu_only", "sdist", "jobs", "slots_per_pod",
                  "price_on_demand", "price_preemptible", "revocations_per_hour",
                  "checkpoint_seconds", "restart_seconds", "noise_scale", "base_batch",
                  "max_micro_batch", "batch_sizes"):
@@ -244,12 +270,30 @@ def _discover(args):
         hosts = None if hosts_file else env.get(discover.ENV_HOSTS) or None
     target_file = args.target_file or env.get(discover.ENV_TARGET_FILE) or None
     exclude_file = args.exclude_file or env.get(discover.ENV_EXCLUDE_FILE) or None
+    kube = {"namespace": args.kubernetes_namespace, "api": args.kubernetes_api,
+            "token_file": args.kubernetes_token_file, "ca_file": args.kubernetes_ca_file,
+            "host_format": args.kubernetes_host_format}
+    selector, source_name = args.kubernetes_selector, None
+    if selector is None and (any(v is not None for v in kube.values())
+                             or args.slots_per_pod != 1):
+        print("keras-adapt discover: the --kubernetes-* options and --slots-per-pod need "
+              "--kubernetes-selector LABELS (the worker pods' labels)", file=sys.stderr)
+        return 2
     try:
+        pods = None
+        if selector is not None:
+            from keras_adapt import kubernetes_pods
+
+            hosts_file = hosts = None  # the pods, not the environment's hosts
+            source_name = kubernetes_pods.cache_name(selector)
+            pods = kubernetes_pods.KubernetesPods(
+                selector, slots_per_pod=args.slots_per_pod,
+                **{k: v for k, v in kube.items() if v is not None})
         answer = discover.discover(hosts_file=hosts_file, hosts=hosts, target_file=target_file,
-                                   exclude_file=exclude_file)
+                                   exclude_file=exclude_file, pods=pods)
     except (ValueError, OSError) as exc:
-        print(f"keras-adapt discover: {exc}", file=sys.stderr)
-        path = discover.last_good_path(hosts_file, target_file, exclude_file)
+        print(f"keras-adapt discover: {_option_names(str(exc))}", file=sys.stderr)
+        path = discover.last_good_path(hosts_file, target_file, exclude_file, source_name)
         last = discover.read_last_good(path)
         if last is None:
             # Nothing to fall back on: at start-up Horovod stops the job, which

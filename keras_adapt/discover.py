@@ -3,8 +3,10 @@
 ``horovodrun --host-discovery-script S`` runs ``S`` about once a second and
 reads one ``host:slots`` line per host from its standard output. This module
 produces those lines from a hosts file (one ``host[:slots]`` per line,
-``#`` comments and blank lines allowed) or a fixed list (``h1:2,h2:2``),
-*capped* by a target worker count that a policy writes into a small file
+``#`` comments and blank lines allowed), a fixed list (``h1:2,h2:2``), or
+the ready pods of a label selector read from the Kubernetes API
+(:class:`keras_adapt.kubernetes_pods.KubernetesPods`: on Kubernetes with
+Kubeflow's MPI Operator, the job's worker pods), *capped* by a target worker count that a policy writes into a small file
 (:class:`keras_adapt.actuators.WorkerTarget`): the total slots are trimmed
 from the end of the list, so hosts ``a:2,b:2`` with target 3 give ``a:2``
 and ``b:1``. A target of 0, or no target file, means no cap. This is the
@@ -22,8 +24,9 @@ excluded until someone removes its line (or the file).
 Files are replaced atomically (:func:`write_atomic`: a temporary file in the
 same directory, then ``os.replace``), so a reader sees the old content or the
 new, never a part. Each answer is also cached next to the target file (or
-the hosts file) as ``<file>.last``: when the input is missing or malformed,
-:func:`discover` raises, and ``keras-adapt discover`` prints the error on
+the hosts file; for pods without either, in the temporary directory) as
+``<file>.last``: when the input is missing or malformed, or the Kubernetes
+API fails (unreachable, an HTTP error, no pod ready), :func:`discover` raises, and ``keras-adapt discover`` prints the error on
 stderr and the last good answer with exit code 0, because Horovod treats a
 failing script as a transient error but empty output as "no hosts" (every
 worker would be stopped).
@@ -337,10 +340,13 @@ def format_hosts(hosts):
     return "\n".join(f"{host}:{slots}" for host, slots in hosts)
 
 
-def last_good_path(hosts_file=None, target_file=None, exclude_file=None):
+def last_good_path(hosts_file=None, target_file=None, exclude_file=None, source_name=None):
     """Where the last good answer is cached: next to the target file, else
-    next to the hosts file, else next to the exclusion file, else None (a
-    fixed list alone cannot fail).
+    next to the hosts file, else next to the exclusion file, else, for a
+    source without a file (the Kubernetes API: ``source_name``, e.g.
+    :attr:`KubernetesPods.cache_name <keras_adapt.kubernetes_pods.KubernetesPods.cache_name>`),
+    ``keras-adapt-discover-<source_name>.last`` in the temporary directory,
+    else None (a fixed list alone cannot fail).
 
     Example:
 
@@ -349,6 +355,8 @@ def last_good_path(hosts_file=None, target_file=None, exclude_file=None):
     '/run/job/target.last'
     """
     base = target_file or hosts_file or exclude_file
+    if base is None and source_name is not None:
+        base = os.path.join(tempfile.gettempdir(), f"keras-adapt-discover-{source_name}")
     return None if base is None else base + LAST_SUFFIX
 
 
@@ -372,13 +380,17 @@ def read_last_good(path):
         return None
 
 
-def discover(hosts_file=None, hosts=None, target_file=None, cache=True, exclude_file=None):
+def discover(hosts_file=None, hosts=None, target_file=None, cache=True, exclude_file=None,
+             pods=None):
     """The ``host:slots`` lines for Horovod: the hosts not excluded, capped by the target.
 
     Args:
         hosts_file: a file with one ``host[:slots]`` per line.
         hosts: a fixed list instead, as text (``"h1:2,h2:2"``) or as
             ``[(host, slots), ...]``.
+        pods: the ready pods of a
+            :class:`~keras_adapt.kubernetes_pods.KubernetesPods` instead (its
+            ``hosts()`` and ``cache_name``), read from the Kubernetes API.
         target_file: the file holding the target worker count (optional).
         cache: write the answer to :func:`last_good_path` when it changed.
         exclude_file: the exclusion file (optional): its hosts are left out
@@ -386,9 +398,9 @@ def discover(hosts_file=None, hosts=None, target_file=None, cache=True, exclude_
             are ignored.
 
     Raises ``ValueError`` (bad hosts, bad target, a bad exclusion file, every
-    host excluded, neither or both of ``hosts_file`` and ``hosts``) and
-    ``OSError`` (an unreadable hosts file), each naming the bad value and
-    the fix.
+    host excluded, no pod ready, not exactly one of ``hosts_file``, ``hosts``
+    and ``pods``) and ``OSError`` (an unreadable hosts file, a failing
+    Kubernetes API), each naming the bad value and the fix.
 
     Example:
 
@@ -396,12 +408,18 @@ def discover(hosts_file=None, hosts=None, target_file=None, cache=True, exclude_
     >>> discover(hosts="h1:2,h2:2,h3:1")
     'h1:2\\nh2:2\\nh3:1'
     """
-    if (hosts_file is None) == (hosts is None):
+    given = [v is not None for v in (hosts_file, hosts, pods)]
+    if sum(given) != 1:
         raise ValueError(
             "give the hosts either as a file (--hosts-file F, or the environment variable "
-            f"{ENV_HOSTS_FILE}) or as a list (--hosts h1:2,h2:2, or {ENV_HOSTS}), not "
-            f"{'both' if hosts_file is not None else 'neither'}")
-    if hosts_file is not None:
+            f"{ENV_HOSTS_FILE}), as a list (--hosts h1:2,h2:2, or {ENV_HOSTS}) or as "
+            "Kubernetes pods (--kubernetes-selector LABELS), not "
+            f"{'several' if any(given) else 'neither'}")
+    if pods is not None:
+        found = pods.hosts()
+        parsed = parse_hosts(",".join(f"{h}:{s}" for h, s in found),
+                             source=f"pods of {pods.selector}")
+    elif hosts_file is not None:
         try:
             with open(hosts_file, encoding="utf-8") as f:
                 text = f.read()
@@ -422,7 +440,8 @@ def discover(hosts_file=None, hosts=None, target_file=None, cache=True, exclude_
             "remove a line from it to bring a host back (keras-adapt's StragglerPolicy never "
             "excludes the last host)")
     answer = format_hosts(cap_hosts(kept, read_target(target_file)))
-    path = last_good_path(hosts_file, target_file, exclude_file)
+    path = last_good_path(hosts_file, target_file, exclude_file,
+                          None if pods is None else pods.cache_name)
     if cache and path is not None and read_last_good(path) != answer:
         try:
             write_atomic(path, answer + "\n")
