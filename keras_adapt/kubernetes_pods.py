@@ -277,6 +277,9 @@ class KubernetesPods:
         if ca_file is None and os.path.exists(default_ca):
             ca_file = default_ca
         self.ca_file = None if ca_file is None else os.fspath(ca_file)
+        if self.ca_file is not None and not os.path.isfile(self.ca_file):
+            raise ValueError(f"ca_file={self.ca_file!r} does not exist; pass the CA bundle that "
+                             f"signs the API server's certificate (in a pod: {default_ca})")
 
     @property
     def url(self):

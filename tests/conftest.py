@@ -236,21 +236,34 @@ def pytest_runtest_makereport(item, call):
                                     f"\n--- stderr tail\n{job.stderr[-4000:]}"))
 
 
-@pytest.fixture(scope="session")
-def emulated_hosts():
-    """Two emulated hosts (network namespaces with their own sshd, see
-    tools/emulated_hosts.py) for the session; skips, saying why, where they
-    cannot be made (not root, no sshd, no network namespaces)."""
+def _emulated_hosts_tool():
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
     try:
         import emulated_hosts as tool
     finally:
         sys.path.pop(0)
+    return tool
+
+
+@pytest.fixture(scope="session")
+def emulated_hosts3():
+    """Three emulated hosts h2, h3, h4 (network namespaces with their own
+    sshd, see tools/emulated_hosts.py) for the session; skips, saying why,
+    where they cannot be made (not root, no sshd, no network namespaces).
+    One set for the whole session (the tool's lock allows one at a time):
+    :func:`emulated_hosts` is its first two."""
+    tool = _emulated_hosts_tool()
     why = tool.unavailable()
     if why:
         pytest.skip(f"emulated hosts unavailable: {why}")
-    with tool.emulated_hosts(2) as hosts:
+    with tool.emulated_hosts(3) as hosts:
         yield hosts
+
+
+@pytest.fixture(scope="session")
+def emulated_hosts(emulated_hosts3):
+    """Two emulated hosts, h2 and h3 (the first two of :func:`emulated_hosts3`)."""
+    return _emulated_hosts_tool().EmulatedHosts(2)
 
 
 def load_rank_results(out_dir, np):
