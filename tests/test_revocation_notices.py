@@ -24,7 +24,7 @@ import pytest
 
 import keras
 import keras_adapt
-from conftest import horovodrun
+from conftest import _env, controllers, horovodrun
 from keras_adapt.callbacks import PreemptionCheckpoint
 from keras_adapt.coordination import EXIT_CODE, RevocationNotices, SignalAgreement
 from keras_adapt.coordination.revocation_notices import (
@@ -260,6 +260,40 @@ def test_one_process_stops_for_a_notice_before_its_deadline_and_resumes_exactly(
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
+_SHORT_NOTICE_SCRIPT = """
+import sys, time, numpy as np, keras, keras_adapt
+sys.path.insert(0, {tools!r})
+from metadata_server import MetadataServer
+from keras_adapt.callbacks import PreemptionCheckpoint
+from keras_adapt.coordination import RevocationNotices
+server = MetadataServer("aws", lead_s=2.0).start()
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:  # the notice comes in a step far longer than its 2 s (and the timeout)
+            server.trigger()
+            time.sleep(600)
+            print("the slow step ended", flush=True)
+ckpt = PreemptionCheckpoint({d!r}, deadline_s=25.0, save_freq=None,
+                            notices=RevocationNotices("aws", endpoint=server.url, poll_s=0.05))
+x = np.ones((64, 2), "float32")
+ckpt.fit(model, x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[Slow()])
+"""
+
+
+def test_a_notice_shorter_than_deadline_s_ends_the_process_at_its_own_deadline(tmp_path):
+    script = _SHORT_NOTICE_SCRIPT.format(tools=TOOLS, d=str(tmp_path / "ck"))
+    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == EXIT_CODE, proc.stderr[-3000:]
+    found = re.search(r"no checkpoint within (\d+\.\d) s \(the notice's time left, below "
+                      r"deadline_s=25.0\) of aws", proc.stderr)
+    assert found and float(found.group(1)) <= 2.0, proc.stderr[-3000:]
+    assert "the slow step ended" not in proc.stdout
+    assert not (tmp_path / "ck" / "checkpoint").exists()
+
+
 # -- two emulated hosts: GCE, then AWS, then Azure on the resumed runs -------------------
 STEPS = 120  # 640 samples, 2 workers x 8: 40 steps an epoch, 3 epochs
 PORT = 8808
@@ -290,6 +324,25 @@ def _read(path):
         return json.load(f)
 
 
+def _cut(hosts, provider, out, ck, at_step, controller="gloo"):
+    """A job (resuming from ``ck`` if it holds a checkpoint) whose notice
+    host's metadata service gives ``provider``'s notice at ``at_step``."""
+    out.mkdir()
+    server = _serve_in(hosts, provider, out, at_step)
+    try:
+        job = horovodrun("notice_checks.py",
+                         ["--dir", ck, "--out", out, "--provider", provider,
+                          "--endpoint", f"http://127.0.0.1:{PORT}", "--sleep", "0.05"],
+                         hosts=hosts, controller=controller, timeout=300, check=False)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    stopped = out / "stop0.json"
+    index = ck / f"ckpt-{_read(stopped)['iterations']}.index" if stopped.exists() else None
+    return {"rc": job.returncode, "err": job.stderr, "leftover": job.leftover, "at": at_step,
+            "mtime": os.path.getmtime(index) if index and index.exists() else None}
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, emulated_hosts):
     """An uninterrupted job, then a job cut by a GCE notice, its resume cut by
@@ -305,24 +358,10 @@ def chain(tmp_path_factory, emulated_hosts):
     started = time.monotonic()
     horovodrun("notice_checks.py", ["--dir", base / "full_ck", "--out", base / "full"],
                hosts=emulated_hosts, timeout=300)
-    found = {"at": at, "base": base, "jobs": {}}
+    found = {"base": base, "jobs": {}}
     for provider in ("gce", "aws", "azure"):
-        out = base / provider
-        out.mkdir()
-        server = _serve_in(emulated_hosts, provider, out, at[provider])
-        try:
-            job = horovodrun("notice_checks.py",
-                             ["--dir", ck, "--out", out, "--provider", provider,
-                              "--endpoint", f"http://127.0.0.1:{PORT}", "--sleep", "0.05"],
-                             hosts=emulated_hosts, timeout=300, check=False)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-        stop = _read(out / "stop0.json")["iterations"]
-        index = ck / f"ckpt-{stop}.index"
-        found["jobs"][provider] = {
-            "rc": job.returncode, "err": job.stderr, "leftover": job.leftover,
-            "mtime": os.path.getmtime(index) if index.exists() else None}
+        found["jobs"][provider] = _cut(emulated_hosts, provider, base / provider, ck,
+                                       at[provider])
     last = horovodrun("notice_checks.py",
                       ["--dir", ck, "--out", base / "last", "--provider", "azure",
                        "--endpoint", f"http://127.0.0.1:{PORT}"],
@@ -337,16 +376,18 @@ def chain(tmp_path_factory, emulated_hosts):
 @pytest.mark.parametrize("provider", ["gce", "aws", "azure"])
 def test_a_notice_on_one_host_stops_both_workers_with_the_checkpoint_before_its_deadline(
         chain, provider, emulated_hosts):
-    base, job = chain["base"], chain["jobs"][provider]
-    out = base / provider
+    _check_cut(chain["jobs"][provider], chain["base"] / provider, provider, emulated_hosts)
+
+
+def _check_cut(job, out, provider, hosts):
     assert job["rc"] != 0 and re.search(rf"Exit code:\s+{EXIT_CODE}\n", job["err"]), \
         job["err"][-4000:]
     assert job["leftover"] == 0
     stop = [_read(out / f"stop{r}.json") for r in (0, 1)]
     step = stop[0]["iterations"]
     assert stop[1]["iterations"] == step and stop[0]["weights"] == stop[1]["weights"]
-    assert chain["at"][provider] <= step < STEPS
-    noticed = [r for r in (0, 1) if stop[r]["host"] == emulated_hosts.names[NOTICE_HOST]]
+    assert job["at"] <= step < STEPS
+    noticed = [r for r in (0, 1) if stop[r]["host"] == hosts.names[NOTICE_HOST]]
     assert len(noticed) == 1
     notice = _read(out / "notice.json")  # the service's own account
     (event,) = [e for e in events.read_events(str(out)) if e["kind"] == "preemption"]
@@ -365,7 +406,7 @@ def test_a_notice_on_one_host_stops_both_workers_with_the_checkpoint_before_its_
         assert 0.0 < stop[r]["time_left_s"] < lead
     # The other host has no metadata service on its 127.0.0.1: said once, not fatal.
     assert job["err"].count("no answer in the documented form") == 1
-    print(f"{provider}: notice at step {chain['at'][provider]} -> both stopped at {step}, "
+    print(f"{provider}: notice at step {job['at']} -> both stopped at {step}, "
           f"notice -> checkpoint {job['mtime'] - notice['served_at']:.2f} s, "
           f"{notice['deadline'] - job['mtime']:.1f} s before the deadline")
 
@@ -391,3 +432,33 @@ def test_each_resume_starts_at_the_stop_and_the_last_ends_like_an_uninterrupted_
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     # Neither host had a service in the last run: each worker said so once.
     assert chain["last_err"].count("no answer in the documented form") == 2
+
+
+@pytest.fixture(scope="module")
+def mpi_run(chain, emulated_hosts):
+    """Under MPI (mpirun starting the workers over ssh): a job cut by a GCE
+    notice at a seeded random step, and its resume."""
+    if "mpi" not in controllers("primary"):
+        pytest.skip("Horovod has no MPI controller here, or mpirun is missing")
+    base = chain["base"]
+    job = _cut(emulated_hosts, "gce", base / "mpi_cut", base / "mpi_ck",
+               int(np.random.default_rng(48).integers(20, 90)), controller="mpi")
+    horovodrun("notice_checks.py", ["--dir", base / "mpi_ck", "--out", base / "mpi_last"],
+               hosts=emulated_hosts, controller="mpi", timeout=300)
+    return job
+
+
+@pytest.mark.primary_only
+def test_under_mpi_a_notice_stops_both_workers_and_the_resume_ends_like_the_gloo_job(
+        chain, mpi_run, emulated_hosts):
+    base = chain["base"]
+    _check_cut(mpi_run, base / "mpi_cut", "gce", emulated_hosts)
+    for r in (0, 1):
+        stop, begin = _read(base / "mpi_cut" / f"stop{r}.json"), _read(base / "mpi_last" /
+                                                                        f"begin{r}.json")
+        assert (begin["iterations"], begin["weights"]) == (stop["iterations"], stop["weights"])
+        final, full = _read(base / "mpi_last" / f"final{r}.json"), _read(base / "full" /
+                                                                          f"final{r}.json")
+        assert final["iterations"] == STEPS
+        for a, b in zip(final["weights"], full["weights"]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

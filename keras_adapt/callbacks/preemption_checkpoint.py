@@ -386,11 +386,13 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
     def _deadline_passed(self, signal_name):
         if self._saved.is_set():
             return
+        within = (f"deadline_s={self.deadline_s} s" if self.deadline_timer_s == self.deadline_s
+                  else f"{self.deadline_timer_s:.1f} s (the notice's time left, below "
+                       f"deadline_s={self.deadline_s})")
         sys.stderr.write(
-            f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within "
-            f"{self.deadline_timer_s:.1f} s of {signal_name} (deadline_s={self.deadline_s}, or "
-            f"the notice's time left); exiting with {self.exit_code}, the "
-            f"newest checkpoint in {self.directory} is the previous one\n")
+            f"[keras-adapt] rank {_hvd.rank()}: no checkpoint within {within} of {signal_name}; "
+            f"exiting with {self.exit_code}, the newest checkpoint in {self.directory} is the "
+            "previous one\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE if self.exit_code is None else self.exit_code)
 
