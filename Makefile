@@ -29,7 +29,7 @@ OPS_SRC := $(wildcard csrc/*.cc) setup.py
 
 HOROVOD_BUILD := $(wildcard keras_adapt/horovod_build/*.py keras_adapt/horovod_build/patches/*.patch)
 
-.PHONY: setup setup-primary setup-legacy setup-gpu test-gpu-stack demo test test-primary \
+.PHONY: setup setup-primary setup-legacy setup-gpu test-gpu-stack demo docs test test-primary \
 	test-legacy test-install \
 	test-lane-primary test-lane-legacy bench bench-data clean FORCE
 
@@ -87,6 +87,12 @@ test-gpu-stack: setup-gpu
 demo: setup-primary
 	$(VENV)/bin/python examples/run_demo.py
 
+# The documentation site (mkdocs.yml) with its API reference, served on
+# http://127.0.0.1:8000 while it rebuilds on every change; `make test` builds
+# it with --strict (tests/test_docs_site.py).
+docs: setup-primary
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
 # The whole suite on the primary stack, the suite without its primary_only
 # tests on the legacy stack, and keras-adapt installed from its sdist-built
 # wheel (not the editable checkout) on both stacks. A 2-worker job leaves a
@@ -130,5 +136,5 @@ bench: setup bench-data
 	$(VENV2)/bin/python benchmarks/time_to_accuracy.py
 
 clean:
-	rm -rf $(VENV) $(VENV2) $(VENV_GPU) $(WHEEL_DATA) build *.egg-info \
+	rm -rf $(VENV) $(VENV2) $(VENV_GPU) $(WHEEL_DATA) build site *.egg-info \
 		keras_adapt/ops/_keras_adapt_ops_*.so
