@@ -260,6 +260,39 @@ def test_one_process_stops_for_a_notice_before_its_deadline_and_resumes_exactly(
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
+def test_under_elastic_a_notice_is_agreed_as_the_leave_request_of_its_worker(tmp_path):
+    """The elastic callback's wiring (one process): its watcher runs from the
+    beginning of fit, and the notice is the request its agreement carries,
+    with the deadline; the leave itself is the signal's (tests/test_elastic.py)."""
+    from keras_adapt import elastic
+
+    model = _model()
+    with MetadataServer("azure", vm_name="vm-3") as server:
+        notices = RevocationNotices("azure", endpoint=server.url, poll_s=0.05)
+        cb = elastic.LeaveOnSignalCallback(elastic.KerasState(model), notices=notices)
+        assert cb.notices is notices
+        cb.set_model(model)
+        cb.on_train_begin()
+        try:
+            server.trigger()
+            for _ in range(200):
+                if cb.agreement.requested:
+                    break
+                time.sleep(0.05)
+            cb.on_train_batch_end(0)  # the first agreement comes after one update
+        finally:
+            notices.stop()
+            cb.agreement.remove()
+    assert sorted(cb.leaving) == [0] and cb.leaving[0][0] == "azure"
+    assert cb.agreement.deadlines[0] == pytest.approx(server.deadline, abs=1.0)
+    with pytest.raises(ValueError, match="provider='ibm'"):
+        elastic.LeaveOnSignalCallback(elastic.KerasState(model), notices="ibm")
+    # elastic.fit makes the leave callback from the checkpoint: its notices go along.
+    ckpt = PreemptionCheckpoint(tmp_path, save_freq=None, notices="aws")
+    leave = elastic.LeaveOnSignalCallback(elastic.KerasState(model), checkpoint=ckpt)
+    assert leave.notices is ckpt.notices and leave.notices.provider == "aws"
+
+
 _SHORT_NOTICE_SCRIPT = """
 import sys, time, numpy as np, keras, keras_adapt
 sys.path.insert(0, {tools!r})

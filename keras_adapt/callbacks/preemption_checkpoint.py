@@ -116,7 +116,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
             ``"aws"``, ``"azure"``: its metadata service, or the one
             ``KERAS_ADAPT_METADATA_ENDPOINT`` names) or a
             :class:`~keras_adapt.coordination.RevocationNotices` (endpoint,
-            poll interval, timeouts of your choice). Not under elastic.
+            poll interval, timeouts of your choice). Under elastic the
+            :class:`~keras_adapt.elastic.LeaveOnSignalCallback` given this
+            checkpoint watches them instead.
 
     Example:
 

@@ -16,7 +16,8 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
 
 from keras_adapt import _hvd
 from keras_adapt.checks import check_float, check_int
-from keras_adapt.coordination import EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement
+from keras_adapt.coordination import (EXIT_CODE, SIGNALS, CheckInterval, RevocationNotices,
+                                      SignalAgreement)
 from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.optimizer import UpdateBoundary
 from keras_adapt.record import events
@@ -55,6 +56,12 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
     the signal. Without one, all exit with ``exit_code`` after the commit
     and the position is lost (see docs/preemption.md).
 
+    With ``notices`` a cloud VM's revocation notice
+    (:class:`~keras_adapt.coordination.RevocationNotices`, watched while
+    ``fit`` runs) is a request like a signal, named by its provider: the
+    noticed VM's workers leave at the agreed step, and the ``preemption``
+    event holds the deadlines and the time left (docs/cloud_vms.md).
+
     Horovod removes the whole host of a worker that fails: give a
     preemptible machine's slots to one worker each, or all of them leave.
     :func:`keras_adapt.elastic.fit` adds this callback (SIGTERM and SIGINT)
@@ -80,6 +87,11 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             with an exit code, written when every rank is signalled (None:
             none; its periodic saves are the commit callback's). It is not a Keras callback of the
             fit then: this callback's agreement is the only one.
+        notices: None (the default: the ``checkpoint``'s, if any), a
+            provider (``"gce"``, ``"aws"``, ``"azure"``) or a
+            :class:`~keras_adapt.coordination.RevocationNotices`: its notices
+            count as signals; the ``"auto"`` interval is capped by the
+            shorter of ``deadline_s`` and the provider's lead.
 
     Attributes:
         leaving: after the agreement, ``{rank: (signal name, signal time)}``
@@ -98,7 +110,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, state, check_interval="auto", deadline_s=25.0, exit_code=EXIT_CODE,
-                 signals=SIGNALS, log_dir=None, checkpoint=None):
+                 signals=SIGNALS, log_dir=None, checkpoint=None, notices=None):
         super().__init__()
         if not hasattr(state, "commit"):
             raise TypeError(f"state must be an elastic state (KerasState), got {state!r}")
@@ -113,6 +125,14 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         if checkpoint is not None:
             disk_checkpoint.checked(checkpoint)
+        if notices is None and checkpoint is not None:
+            notices = checkpoint.notices  # the checkpoint's watcher, which it does not run here
+        if isinstance(notices, str):
+            notices = RevocationNotices(notices)
+        if notices is not None and not isinstance(notices, RevocationNotices):
+            raise TypeError(f"notices must be None, a provider name ('gce', 'aws', 'azure') or a "
+                            f"keras_adapt.coordination.RevocationNotices, got {notices!r}")
+        self.notices = notices
         self.state = state
         self.checkpoint = checkpoint
         self.check_interval = check_interval
@@ -125,7 +145,8 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             on_signal=None if checkpoint is None else checkpoint.start_deadline)
         self.leaving = {}
         self.events = []
-        self._schedule = CheckInterval(check_interval, self.deadline_s)
+        self._schedule = CheckInterval(check_interval, self.deadline_s if notices is None
+                                       else min(self.deadline_s, notices.lead_s))
         self._agreed_interval = 1  # updates between the last two agreements
         self._since = 0
         self._boundary = None
@@ -137,6 +158,8 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
         self._since = 0
         self._schedule.start()
         self.agreement.install()
+        if self.notices is not None:
+            self.notices.start(self.agreement.request)
 
     def on_train_batch_end(self, batch, logs=None):
         self._schedule.step_ended()
@@ -160,6 +183,8 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             self._leave_if_agreed()
         finally:
             self.agreement.remove()
+            if self.notices is not None:
+                self.notices.stop()
 
     # -- the agreement and the leave ---------------------------------------
     def _leave_if_agreed(self):
@@ -178,6 +203,8 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             disk_checkpoint.stop(self.checkpoint, self.state, self.leaving, self._agreed_interval)
             self._exit(self.checkpoint.exit_code)
         first = min(t for _, t in self.leaving.values())
+        deadlines = [self.agreement.deadlines.get(r) for r in leavers]
+        known = [d for d in deadlines if d is not None]
         names = ", ".join(f"{self.leaving[r][0]} on rank {r}" for r in leavers)
         where = f"epoch {self.state.epoch} step {self.state.batch}"
         reason = (f"{names}: leaves at {where}; {len(stay)} of {size} workers go on without "
@@ -191,7 +218,10 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
                    "epoch": int(self.state.epoch), "step_in_epoch": int(self.state.batch),
                    "signal_to_leave_s": time.time() - first,
                    "check_interval": self._agreed_interval,
-                   "exit_code": self.exit_code},
+                   "exit_code": self.exit_code, "deadlines": deadlines,
+                   "time_left_at_notice_s": [None if d is None else d - self.leaving[r][1]
+                                             for r, d in zip(leavers, deadlines)],
+                   "time_left_at_leave_s": min(known) - time.time() if known else None},
             log_dir=self.log_dir, write=rank == (stay[0] if stay else 0))
         self.events.append(event)
         self.agreement.remove()
