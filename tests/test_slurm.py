@@ -117,6 +117,19 @@ def test_the_command_prints_the_allocation_and_exits_2_outside_one():
     assert _cli(env, "--format", "yaml").returncode == 2  # argparse names the choices
 
 
+def test_the_command_imports_no_framework():
+    # A batch script runs it before the job starts: no TensorFlow import.
+    code = ("import os, sys\nfrom keras_adapt import cli\n"
+            "os.environ.update(SLURM_JOB_NODELIST='n1', SLURM_TASKS_PER_NODE='1')\n"
+            "assert cli.main(['slurm-hosts']) == 0\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'keras', 'horovod')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
+
+
 # -- real jobs on emulated hosts ---------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(emulated_hosts):
