@@ -51,7 +51,7 @@ CONTROLLER_ADDRESS = f"{emulated_hosts.SUBNET}.1"
 PARTITION = "emulated"
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd"}
-CLIENTS = ("sbatch", "scontrol", "sinfo", "scancel", "srun")
+CLIENTS = ("sbatch", "scontrol", "sinfo", "squeue", "scancel", "srun")
 
 
 def unavailable():
@@ -223,11 +223,37 @@ def _read_tail(path, chars=3000):
     return f"({path} missing)"
 
 
+def _cancel_jobs():
+    """Cancels every job the controller still knows (Slurm stops their
+    processes), then SIGKILLs the job step daemons (``slurmstepd``, which
+    outlive their slurmd) left in the namespaces of the hosts that ran a
+    slurmd."""
+    if not os.path.exists(CONF):
+        return
+    env = dict(os.environ, SLURM_CONF=CONF)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listed = _run("squeue", "-h", "-o", "%i", check=False, env=env, timeout=10).stdout.split()
+        if listed:
+            _run("scancel", *listed, check=False, env=env, timeout=10)
+            time.sleep(1)
+    for entry in sorted(os.listdir(SCRATCH)):
+        if not os.path.isfile(os.path.join(SCRATCH, entry, "slurmd.pid")):
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            pids = _run("ip", "netns", "pids", emulated_hosts.PREFIX + entry, check=False,
+                        timeout=10).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "slurmstepd":
+                        os.kill(int(pid), signal.SIGKILL)
+
+
 def _stop_daemons():
-    """SIGTERMs, then SIGKILLs, the daemons whose pid files are in the scratch
-    directory (the slurmds first, so their jobs' processes go with them)."""
+    """Cancels the jobs, then SIGTERMs, then SIGKILLs, the daemons whose pid
+    files are in the scratch directory."""
     pid_files = []
     if os.path.isdir(SCRATCH):
+        _cancel_jobs()
         for entry in sorted(os.listdir(SCRATCH)):
             if os.path.isfile(os.path.join(SCRATCH, entry, "slurmd.pid")):
                 pid_files.append(os.path.join(SCRATCH, entry, "slurmd.pid"))
