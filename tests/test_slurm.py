@@ -15,6 +15,7 @@ weights. Skips the jobs, saying why, without root, sshd or Slurm.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ def test_hostlists_expand_as_hand_computed():
 
 
 def test_hostlists_expand_as_scontrol_does(tmp_path):
-    if subprocess.run(["sh", "-c", "command -v scontrol"], capture_output=True).returncode:
+    if shutil.which("scontrol") is None:
         pytest.skip("scontrol is not installed (Debian slurm-client; make setup installs it)")
     # `scontrol show hostnames` expands locally; it only needs a configuration file.
     conf = tmp_path / "slurm.conf"
@@ -210,6 +211,28 @@ def test_a_two_node_job_trains_and_the_ranks_end_equal(reference):
     assert [f["iterations"] for f in finals] == [TOTAL, TOTAL]
     for a, b in zip(finals[0]["weights"], finals[1]["weights"]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_example_trainer_runs_on_two_nodes(cluster, tmp_path):
+    env = dict(_env(), KERAS_ADAPT_PYTHON=sys.executable,
+               KERAS_ADAPT_HOROVODRUN_ARGS="--network-interface kanet0")
+    env[JOB_MARK] = mark = f"slurm-{os.getpid()}-{time.monotonic_ns()}"
+    log = tmp_path / "job.out"
+    job = cluster.sbatch(["--chdir", str(tmp_path), "--output", str(log), SCRIPT, sys.executable,
+                          os.path.join(ROOT, "examples", "slurm", "train.py"), "--dir",
+                          str(tmp_path / "ck"), "--epochs", "2", "--samples", "1024"], env=env)
+    try:
+        fields = cluster.wait_for(job, lambda f: f["JobState"] not in (
+            "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"), timeout=300)
+    finally:
+        cluster.client("scancel", str(job), check=False)
+        assert kill_job(mark) == 0
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED", text
+    assert "rank 0 of 2: starting at epoch 0 step 0" in text and "final loss" in text
+    # 1024 samples, 2 workers x 32: 16 updates per epoch, a checkpoint at each epoch's end.
+    assert sorted(os.path.basename(p) for p in (tmp_path / "ck").glob("ckpt-*.index")) == [
+        "ckpt-16.index", "ckpt-32.index"]
 
 
 @pytest.mark.parametrize("controller", controllers("primary"))
