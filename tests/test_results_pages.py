@@ -57,7 +57,7 @@ def test_check_lists_a_page_that_drifted_from_its_data(tmp_path):
         if bench != "preemption":
             (tmp_path / f"{bench}.jsonl").write_text(open(os.path.join(DATA, f"{bench}.jsonl")).read())
     changed = gen.render(str(tmp_path))["preemption.md"]
-    assert "99.0000" in changed
+    assert "| 99.00 |" in changed
     assert changed != open(os.path.join(PAGES, "preemption.md")).read()
 
 
