@@ -92,8 +92,7 @@ def default_min_efficiency(epoch_end):
     :class:`~keras_adapt.policies.GNSBatchSizePolicy` aims. On samples
     (``"samples"``, or ``None``: ``fit``'s own epochs) the samples are fixed
     and a less efficient batch ends with less progress, so lower accuracy:
-    2/3, M <= phi / 2 (measured: docs/policies.md, "The floor against the
-    noise scale alone").
+    2/3, M <= phi / 2 (docs/policies.md, "Why an efficiency floor").
 
     Example:
 
@@ -116,8 +115,7 @@ def step_time_ratio(now, then, confidence=2.0):
     are added, a bound on the log ratio's error whatever the two
     predictions' correlation; its own, smaller error from the fit's
     covariance made the batch-size decisions slower and less stable between
-    runs, measured (docs/policies.md, "A finer price of step times,
-    measured").
+    runs (docs/policies.md, "Why it is stable").
 
     Example:
 

@@ -76,8 +76,8 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
         skip_nonfinite: ``True`` skips the update (on all ranks alike) when
             the averaged gradient contains NaN or Inf, and counts it in
             ``skipped_steps``. It costs one pass over the local gradient on
-            every update (about 2% of a small model's step, measured in
-            docs/gradient_statistics.md). ``False`` (the default) applies
+            every update (about 4% of a small model's step, measured in
+            docs/results/monitor_overhead.md). ``False`` (the default) applies
             such an update, as Horovod does. Measurements are checked either
             way: a non-finite one never enters the statistics and is counted.
         stats_interval: measure the statistics on one update in this many

@@ -58,7 +58,7 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     Off by default because on ``benchmarks/time_to_accuracy.py`` it bought
     nothing: each task reaches its target within a few decisions of the
     first ramp, which is priced flat, and where it cut later growth it cost
-    accuracy (docs/policies.md, "Step times, measured").
+    accuracy.
 
     The batch grows by at most ``max_growth`` (2) per change, so the
     learning rate that follows it rises in steps the model can take: the
@@ -77,11 +77,11 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     (the learning rate's decay): there every sample buys more progress at a
     small batch, and with the learning rate following the batch the noise
     of an update stays where the schedule put it. Without the shrink, a
-    batch at twice the noise scale spent the whole budget at a third of a
-    small batch's progress per sample and ended up to 1.4 points below a
-    tuned fixed batch; with it, the last ``min_updates_left x ln(...)``
-    updates run at ever smaller batches (docs/policies.md, "Shrinking at
-    the end of a sample budget"). On progress epochs
+    batch at twice the noise scale spends the whole budget at a third of a
+    small batch's progress per sample and ends below a tuned fixed batch;
+    with it, the last ``min_updates_left x ln(...)`` updates run at ever
+    smaller batches (docs/results/time_to_accuracy_notes.md, "The
+    candidate defaults"). On progress epochs
     (``epoch_end="progress"``) there is no budget in samples and no cap is
     needed: an update adds at most ``B_simple + base_batch`` progress at any
     batch, so the end of the schedule always keeps
@@ -89,14 +89,13 @@ class GNSBatchSizePolicy(BatchSizePolicy):
     there is refused.
 
     The defaults were chosen on ``benchmarks/time_to_accuracy.py`` (see
-    docs/policies.md, "When adaptive batch size pays off" and "Shrinking at
-    the end of a sample budget"): the batch goes to twice the measured
+    docs/policies.md, "How the defaults were chosen", and
+    docs/results/time_to_accuracy_notes.md): the batch goes to twice the measured
     noise scale (``gns_multiple`` 2; 1, the critical batch of McCandlish et
     al., grew too slowly on digits), at most doubling per change, the
     learning rate scales linearly with it (the small batch's progress per
-    sample; AdaScale's gain, the optimal step size's ratio of McCandlish et
-    al., ended 0.6 to 1.9 points below it on five of six tasks at equal
-    samples), on a budget 100 updates are kept, and a change may follow
+    sample; AdaScale's gain and the optimal step size's ratio of McCandlish
+    et al. each lost accuracy on most tasks at equal samples), on a budget 100 updates are kept, and a change may follow
     the last after ``min_change_interval`` 20 updates: the statistics'
     moving average already lags by about 100 updates, so the interval need
     not add as much again.

@@ -62,10 +62,10 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
       measured. The rule is the same whether the fit passed its
       significance test (``"model"``) or not (``"tentative"``: a fit not yet
       significant is within its errors and prices nothing), so passing the
-      test changes no decision by itself. Earlier rules priced the two
-      sides of that gate differently, and timing noise decides on which
-      side a fit falls: the same seed made different decisions in about a
-      third of repeated runs (docs/policies.md);
+      test changes no decision by itself. A rule that priced the two
+      sides of that gate differently would let timing noise decide on
+      which side a fit falls, and the same seed make different decisions
+      from run to run (docs/policies.md, "How T(M) enters: one rule");
     * **down** one candidate (M/2 with powers of two), when e(M) <
       ``min_efficiency / (1 + hysteresis)`` (the noise scale fell) or that
       candidate's goodput beats M's by more than ``hysteresis``;
@@ -87,20 +87,16 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
     scale the batch goes; on samples (a number of epochs, a learning-rate
     schedule in epochs) S samples make the progress of fewer at a larger
     batch, so the job trades final accuracy for speed, and the floor, 2/3
-    (M <= phi / 2), caps that loss. (Until this release the floor was on
-    Pollux's E(M) against ``min_batch``: M <= 2 phi + 3 M0 on progress,
-    which on a task whose noise scale is near ``min_batch`` let the batch
-    go to six times the noise scale; docs/policies.md, "The floor against
-    the noise scale alone".)
+    (M <= phi / 2), caps that loss. The floor is on e(M), not on Pollux's
+    E(M) against ``min_batch``, so that it does not depend on where the
+    user starts (docs/policies.md, "Why an efficiency floor").
     Decisions are quantised (the candidates), use only the agreed noise
     scale and step times agreed over the workers, and take a step-time
     difference into account only beyond its uncertainty, each visit's time
     counting as good to 10% at best (the default model's
     ``min_relative_error``), so the load of the moment does not decide. A
     real step-time difference whose price lies on the hysteresis still can
-    (measured: one decision after the target, on one of twelve seeds and
-    tasks, in three runs; docs/policies.md, "A visit's time is good to 10%
-    at best, measured"). Where the linear
+    (docs/policies.md, "Why it is stable"). Where the linear
     step-time model misfits (flat up to a batch, rising after), its errors
     stay wide and the policy prices even a measured cost near flat.
 
@@ -131,10 +127,8 @@ class GoodputBatchSizePolicy(BatchSizePolicy):
         candidates_per_doubling: candidates per doubling of the batch (an
             int >= 1; default 1: powers of two; 2: steps of sqrt(2), each
             made through the micro-batch and accumulation as the actuator
-            can). Measured on the benchmark's four tasks, 2 changed neither
-            the updates to the target nor the final accuracy beyond the
-            seeds' noise, and made one decision less stable
-            (docs/policies.md, "Finer candidates, measured").
+            can). On the benchmark's tasks 2 changed neither the updates
+            to the target nor the final accuracy beyond the seeds' noise.
         **kwargs: see :class:`BatchSizePolicy`.
 
     Example:

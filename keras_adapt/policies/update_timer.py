@@ -17,8 +17,7 @@ from keras_adapt.monitors import step_pauses
 #: seed by 7% as the median coefficient of variation over 40 batches
 #: visited, quartiles 5% and 12%). With the scatter alone, decisions whose price lay
 #: within that noise of the hysteresis changed from run to run. With 10%
-#: they do not (simulated with 5-10% load between visits: the same decision
-#: in 400 of 400 draws, against 55-70% without the floor); the price is a
+#: they do not (tested with simulated load between visits); the price is a
 #: coarser resolution: a doubling's cost counts only where its step time
 #: rises by about 1.5x or more (1.6x to 1.8x from two visited batches)
 #: (docs/policies.md, "Why it is stable").
