@@ -1,6 +1,6 @@
 """Measure the gradient noise scale while training on scikit-learn's digits.
 
-Launch on two local workers (what `make demo` does):
+Launch on two local workers:
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/monitor_noise_scale.py
 

@@ -23,8 +23,12 @@ import importlib
 from keras_adapt.version import __version__
 
 #: Subpackages and modules reachable as attributes of the package.
-_MODULES = ("actuators", "callbacks", "data", "discover", "elastic", "formulas", "monitors", "ops",
-            "policies", "record")
+#: Every public one (tests/test_layering.py checks that none is missing);
+#: the command line (``cli``, ``__main__``) and ``version`` are not among them.
+_MODULES = ("actuators", "callbacks", "checkpointing", "checks", "coordination", "data",
+            "discover", "elastic", "extras", "formulas", "horovod", "horovod_build",
+            "kubernetes_pods", "monitors", "ops", "optimizer", "plan", "policies", "record",
+            "report", "saving", "slurm", "sync")
 #: Public names -> the module that defines them.
 _NAMES = {
     "DistributedOptimizer": "keras_adapt.optimizer",

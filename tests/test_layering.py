@@ -154,3 +154,17 @@ def test_the_formulas_import_no_framework_and_only_the_argument_checks():
                      or m.startswith("keras_adapt.") and not m.startswith("keras_adapt.formulas")))
     """ % (FRAMEWORKS,))
     assert out.strip() == "['keras_adapt.checks', 'keras_adapt.version']"
+
+
+def test_every_public_module_is_an_attribute_of_the_package():
+    """``keras_adapt.sync`` (or any other public part) works without importing it first."""
+    public = sorted(m.name for m in __import__("pkgutil").iter_modules(keras_adapt.__path__)
+                    if not m.name.startswith("_") and m.name not in ("cli", "version"))
+    out = _run(f"""
+        import keras_adapt
+        for name in {public!r}:
+            assert getattr(keras_adapt, name).__name__ == "keras_adapt." + name, name
+            assert name in dir(keras_adapt) and name in keras_adapt.__all__, name
+        print(len({public!r}))
+    """)
+    assert int(out) == len(public) >= 20
