@@ -2,17 +2,20 @@
 reference is generated from the docstrings with their examples shown as code,
 and a broken link fails the build."""
 
+import functools
+import http.server
 import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-from griffe_doctest_blocks import fence_doctests  # noqa: E402
+from griffe_doctest_blocks import fence_doctests, roles_as_code  # noqa: E402
 
 # The site's tools come with the primary stack (requirements/primary-common.txt).
 pytestmark = pytest.mark.primary_only
@@ -25,10 +28,17 @@ def _build(config_dir, site_dir):
                           text=True, timeout=300)
 
 
-def test_site_builds_strict_with_the_api_reference(tmp_path):
-    done = _build(ROOT, tmp_path / "site")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built from this checkout with --strict (once for the module)."""
+    path = tmp_path_factory.mktemp("docs") / "site"
+    done = _build(ROOT, path)
     assert done.returncode == 0, done.stderr[-3000:]
-    page = (tmp_path / "site" / "reference" / "keras_adapt.policies" / "index.html").read_text()
+    return path
+
+
+def test_site_builds_strict_with_the_api_reference(site):
+    page = (site / "reference" / "keras_adapt.policies" / "index.html").read_text()
     # Every public policy is documented, from its docstring...
     for name in ("GNSBatchSizePolicy", "GoodputBatchSizePolicy", "StragglerPolicy",
                  "SyncStrategyPolicy", "ThroughputScalingPolicy"):
@@ -36,10 +46,13 @@ def test_site_builds_strict_with_the_api_reference(tmp_path):
     # ... with its runnable example rendered as a code block, not as text.
     assert page.count('class="language-pycon') >= 10
     assert "Moves the global batch toward a multiple of the gradient noise scale" in page
+    # Sphinx roles are shown as code, not as raw markup.
+    assert ":class:" not in page and ":meth:" not in page
+    assert "<code>ThroughputModel</code>" in page
     # Every page of docs/ is in the navigation (strict fails on an omitted one),
     # and the home page links the guides.
-    built = {os.path.relpath(os.path.join(d, f), tmp_path / "site")
-             for d, _, files in os.walk(tmp_path / "site") for f in files if f == "index.html"}
+    built = {os.path.relpath(os.path.join(d, f), site)
+             for d, _, files in os.walk(site) for f in files if f == "index.html"}
     for name in os.listdir(os.path.join(ROOT, "docs")):
         if name.endswith(".md") and name != "index.md":
             assert os.path.join(name[:-3], "index.html") in built, name
@@ -68,3 +81,82 @@ def test_fence_doctests():
     # A doctest already inside a fence, and prompts inside text, are left alone.
     fenced = "```pycon\n>>> 1\n1\n```\nthe prompt >>> in a sentence\n"
     assert fence_doctests(fenced) == fenced
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = os.path.join(ROOT, "test-artifacts")
+
+
+@pytest.fixture
+def served(site):
+    """The built site on a loopback HTTP server; yields its URL."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_home_and_an_api_page_in_the_browser(served):
+    """What a reader sees: the home page with its navigation, and the
+    policies' API page with a docstring's example as a code block; nothing
+    is loaded from outside the site. Screenshots go to test-artifacts/."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (requirements/primary-common.txt)")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (make setup does it as root)")
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            outside = []
+            page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(
+                (served, "data:", "blob:", "about:")) else None)
+            page.goto(served + "/", wait_until="load")
+            # (the heading's permanent link follows its text)
+            assert page.locator("h1").first.inner_text().startswith("keras-adapt documentation")
+            nav = page.locator("nav.md-nav--primary").inner_text()
+            for entry in ("Install", "Adaptive batch size and learning rate", "Slurm",
+                          "Kubernetes", "Troubleshooting", "Time to accuracy",
+                          "keras_adapt.policies"):
+                assert entry in nav, entry
+            page.screenshot(path=os.path.join(ARTIFACTS, "docs_home.png"))
+
+            page.goto(served + "/reference/keras_adapt.policies/", wait_until="load")
+            heading = page.locator('[id="keras_adapt.policies.GNSBatchSizePolicy"]')
+            assert heading.is_visible()
+            heading.scroll_into_view_if_needed()
+            example = page.locator("div.language-pycon").filter(
+                has_text="GNSBatchSizePolicy(min_batch=8").first
+            assert example.is_visible()
+            assert ">>> policy = GNSBatchSizePolicy" in example.inner_text()
+            example.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)  # the header's title swap on scrolling settles
+            page.screenshot(path=os.path.join(ARTIFACTS, "docs_api_policies.png"))
+            assert outside == []
+        finally:
+            browser.close()
+
+
+def test_roles_as_code():
+    assert roles_as_code("a :class:`~keras_adapt.data.AdaptiveBatchDataset` b") == (
+        "a `AdaptiveBatchDataset` b")
+    assert roles_as_code(":func:`keras_adapt.elastic.fit` and :mod:`keras_adapt.formulas`") == (
+        "`keras_adapt.elastic.fit` and `keras_adapt.formulas`")
+    assert roles_as_code(":meth:`CheckpointFiles.latest <keras_adapt.checkpointing.CheckpointFiles.latest>`") == (
+        "`CheckpointFiles.latest`")
+    assert roles_as_code("no role: `code` and :notarole:`x`") == "no role: `code` and :notarole:`x`"

@@ -5,7 +5,9 @@ lines and their output, ended by a blank line), which ``tests/test_docstrings.py
 runs. Markdown knows no doctest blocks: it would render them as running text
 and read outputs such as ``[0, 1]`` as link references. This extension wraps
 every such block in a fenced ``pycon`` code block before mkdocstrings parses
-the docstring, so the reference shows exactly what the doctest runs.
+the docstring, so the reference shows exactly what the doctest runs. The
+docstrings' Sphinx roles (``:class:`~keras_adapt.data.AdaptiveBatchDataset```,
+``:meth:`fit```) are shown as code, as Sphinx would show them.
 
 Example:
 
@@ -14,9 +16,30 @@ Example:
 ['Text.', '', '```pycon', '>>> 1 + 1', '2', '```', '', 'More.']
 """
 
+import re
+
 import griffe
 
-__all__ = ["DoctestBlocks", "fence_doctests"]
+__all__ = ["DoctestBlocks", "fence_doctests", "roles_as_code"]
+
+# :role:`target`, :role:`~a.b.Name`, :role:`title <target>`
+_ROLE = re.compile(r":(?:class|meth|func|mod|attr|data|exc|obj):`(~?)([^`<]+?)(?:\s*<[^`>]+>)?`")
+
+
+def roles_as_code(text):
+    """``text`` with each Sphinx cross-reference role shown as inline code:
+    the title if it has one, the last name after ``~``, else the target.
+
+    Example:
+
+    >>> from griffe_doctest_blocks import roles_as_code
+    >>> roles_as_code(":class:`~a.b.Model`, :meth:`fit`, :meth:`Files.x <a.Files.x>`")
+    '`Model`, `fit`, `Files.x`'
+    """
+    def code(match):
+        tilde, target = match.group(1), match.group(2).strip()
+        return "`" + (target.rsplit(".", 1)[-1] if tilde else target) + "`"
+    return _ROLE.sub(code, text)
 
 
 def fence_doctests(text):
@@ -45,7 +68,8 @@ def fence_doctests(text):
 
 
 class DoctestBlocks(griffe.Extension):
-    """Fences the doctest blocks of every docstring Griffe loads.
+    """Fences the doctest blocks of every docstring Griffe loads and shows
+    its Sphinx roles as code.
 
     Example (mkdocs.yml)::
 
@@ -59,4 +83,4 @@ class DoctestBlocks(griffe.Extension):
 
     def on_instance(self, *, node, obj, agent, **kwargs):
         if obj.docstring is not None:
-            obj.docstring.value = fence_doctests(obj.docstring.value)
+            obj.docstring.value = roles_as_code(fence_doctests(obj.docstring.value))
