@@ -58,6 +58,16 @@ def test_site_builds_strict_with_the_api_reference(site):
             assert os.path.join(name[:-3], "index.html") in built, name
 
 
+def test_every_public_module_has_a_reference_page():
+    import keras_adapt
+
+    pages = {name[:-3] for name in os.listdir(os.path.join(ROOT, "docs", "reference"))}
+    assert pages == {"keras_adapt"} | {f"keras_adapt.{m}" for m in keras_adapt._MODULES}
+    for name in pages - {"keras_adapt"}:
+        with open(os.path.join(ROOT, "docs", "reference", name + ".md")) as f:
+            assert f"::: {name}\n" in f.read(), name
+
+
 def test_a_broken_link_fails_the_build(tmp_path):
     shutil.copy(os.path.join(ROOT, "mkdocs.yml"), tmp_path)
     shutil.copytree(os.path.join(ROOT, "docs"), tmp_path / "docs")
