@@ -17,6 +17,32 @@ tasks as ``horovodrun -H`` hosts, ``-np``, or a hosts file for ``discover``
 (:mod:`keras_adapt.slurm`).
 ``keras-adapt --version`` prints the version.
 
+Exit codes, the same in every command:
+
+- **0**: done (``discover`` also when it printed its last good answer).
+- **1**: the command line is right but the work failed: logs or files that
+  exist but do not hold what is needed (no run with adapt data, no run of
+  that name, too few step times), an output that cannot be written, a
+  build that fails, no Slurm allocation, ``discover`` with bad input and no
+  last good answer, an optional dependency that is not installed (the
+  message is the ``pip install 'keras-adapt[extra]'`` hint).
+- **2**: the command line is wrong: no command, an unknown option, a
+  missing or malformed value, options that exclude each other, an option's
+  value out of range, a path argument that does not exist.
+
+Every message goes to stderr, names the bad value and says what to pass
+instead; expected errors never show a traceback (an unexpected exception
+still does: that is a bug to report). Output files are checked before any
+work, so a bad ``-o`` costs nothing.
+
+Bare ``keras-adapt`` is a usage error (exit 2, the usage line and the
+commands on stderr), as argparse does for a missing required argument,
+and not ``pip``'s or ``docker``'s help on stdout with exit 0: a caller that
+runs it by mistake (a discovery script with its arguments lost, a batch
+script) must see a failure, and must not read the help text as its answer
+(Horovod would take each help line for a host). ``keras-adapt --help``
+prints the help with exit 0.
+
 Example:
 
 >>> from keras_adapt import cli
@@ -51,9 +77,8 @@ def _parser():
     rep.add_argument("logdir", metavar="LOGDIR", help="TensorBoard log directory (runs below it)")
     rep.add_argument("-o", "--output", default="adapt_report.png",
                      help="output file ending in .png or .html (default: %(default)s)")
-    rep.add_argument("--run", action="append", dest="runs", metavar="RUN",
-                     help="only this run (repeatable; names as TensorBoard shows them)")
-    rep.add_argument("--max-points", type=int, default=2000,
+    _add_run_option(rep)
+    rep.add_argument("--max-points", type=_at_least(2), default=2000,
                      help="points per series after downsampling (default: %(default)s)")
     plan = sub.add_parser(
         "plan",
@@ -65,8 +90,7 @@ def _parser():
         "machines. Predictions outside what the run observed are marked with *.",
     )
     plan.add_argument("logdir", metavar="LOGDIR", help="TensorBoard log directory (runs below it)")
-    plan.add_argument("--run", metavar="RUN",
-                      help="the run (as TensorBoard names it) when several recorded step times")
+    _add_run_option(plan, " (plan uses one; needed when several runs recorded step times)")
     plan.add_argument("--samples", type=float, required=True, metavar="S",
                       help="samples to train, counted at the run's base batch")
     plan.add_argument("--workers", type=_int_list, default=None, metavar="N,N,...",
@@ -99,7 +123,8 @@ def _parser():
         "action='exclude'); remove a line to bring a host back), with the total slots capped "
         "by the target worker count in the target file (written by keras-adapt's resize "
         "policies; 0 or no file: no cap). On missing or malformed input it prints the error "
-        "on stderr and the last good answer, and exits 0. Without options it reads "
+        "on stderr and the last good answer, and exits 0 (1 when it has none). Without "
+        "options it reads "
         "KERAS_ADAPT_HOSTS_FILE (or KERAS_ADAPT_HOSTS), KERAS_ADAPT_TARGET_FILE and "
         "KERAS_ADAPT_EXCLUDE_FILE from the environment.",
     )
@@ -174,13 +199,37 @@ def _parser():
         "(SLURM_JOB_NODELIST, expanded from Slurm's compressed form) with one worker per task "
         "(SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else SLURM_JOB_CPUS_PER_NODE): "
         "as horovodrun's -H list (h2:1,h3:1), as the worker count for -np, or as one host:slots "
-        "line per node for keras-adapt discover --hosts-file. Exits 2 outside an allocation "
+        "line per node for keras-adapt discover --hosts-file. Exits 1 outside an allocation "
         "or on malformed variables, naming the variable.",
     )
     sh.add_argument("--format", choices=("horovodrun", "np", "hostfile"), default="horovodrun",
                     help="horovodrun: host:slots,... for -H; np: the worker count; hostfile: "
                     "one host:slots per line (default: %(default)s)")
+    for command, command_parser in sub.choices.items():
+        command_parser.set_defaults(command_parser=command_parser, command=command)
     return parser
+
+
+def _add_run_option(command_parser, note=""):
+    command_parser.add_argument(
+        "--run", action="append", dest="runs", metavar="RUN",
+        help="a run under LOGDIR, named as TensorBoard shows it; repeat for several "
+        "(--run a --run b)" + note + "; default: every run with adapt data")
+
+
+def _at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not valid; pass an integer >= {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 def _int_list(text):
@@ -195,24 +244,71 @@ def _int_list(text):
     return values
 
 
-def _plan(args):
-    from keras_adapt import plan
+def _usage(args, message):
+    """A usage error: the command's usage line and the message on stderr; exit code 2."""
+    args.command_parser.print_usage(sys.stderr)
+    print(f"{args.command_parser.prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _failed(args, message):
+    """A runtime error: the message on stderr; exit code 1."""
+    print(f"{args.command_parser.prog}: {message}", file=sys.stderr)
+    return 1
+
+
+def _check_logdir(args):
+    if os.path.isdir(args.logdir):
+        return None
+    return _usage(args, f"LOGDIR={args.logdir!r} is not a directory; pass the folder given to "
+                  "AdaptTensorBoard's log_dir or its parent (TensorBoard's --logdir)")
+
+
+def _report(args):
+    from keras_adapt import report
+    from keras_adapt.extras import ExtraImportError
 
     try:
-        result = plan.make_plan(
-            args.logdir, args.samples, run=args.run,
-            workers=args.workers or plan.DEFAULT_WORKERS, batch_sizes=args.batch_sizes,
-            price_on_demand=args.price_on_demand, price_preemptible=args.price_preemptible,
-            revocations_per_hour=args.revocations_per_hour,
-            checkpoint_seconds=args.checkpoint_seconds, restart_seconds=args.restart_seconds,
-            noise_scale_value=args.noise_scale, base_batch=args.base_batch,
-            max_micro_batch=args.max_micro_batch)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"keras-adapt plan: {_option_names(str(exc))}", file=sys.stderr)
-        return 2
-    except ImportError as exc:
-        print(f"keras-adapt plan: {exc}", file=sys.stderr)
-        return 1
+        report.check_output(args.output)
+    except ValueError as exc:
+        return _usage(args, str(exc).replace("output=", "-o ", 1))
+    except OSError as exc:
+        return _failed(args, exc)
+    try:
+        path = report.write_report(args.logdir, args.output, runs=args.runs,
+                                   max_points=args.max_points)
+    except (ValueError, ExtraImportError) as exc:
+        return _failed(args, exc)
+    except OSError as exc:  # the output became unwritable while it was drawn
+        return _failed(args, f"cannot write {args.output!r}: {exc}")
+    print(f"keras-adapt report: wrote {path}")
+    print(f"Interactive view: tensorboard --logdir {args.logdir}  (the Adapt tab)")
+    return 0
+
+
+def _plan(args):
+    from keras_adapt import plan
+    from keras_adapt.extras import ExtraImportError
+
+    if args.runs and len(args.runs) > 1:
+        return _usage(args, f"{' '.join('--run ' + r for r in args.runs)}: a plan is made from "
+                      "one run; pass one --run (run plan once per run to compare them)")
+    options = dict(
+        workers=args.workers or plan.DEFAULT_WORKERS, batch_sizes=args.batch_sizes,
+        price_on_demand=args.price_on_demand, price_preemptible=args.price_preemptible,
+        revocations_per_hour=args.revocations_per_hour,
+        checkpoint_seconds=args.checkpoint_seconds, restart_seconds=args.restart_seconds,
+        noise_scale_value=args.noise_scale, base_batch=args.base_batch,
+        max_micro_batch=args.max_micro_batch)
+    try:
+        plan.check_options(args.samples, **options)
+    except plan.PlanError as exc:
+        return _usage(args, _option_names(str(exc)))
+    try:
+        result = plan.make_plan(args.logdir, args.samples,
+                                run=args.runs[0] if args.runs else None, **options)
+    except (plan.PlanError, ExtraImportError) as exc:
+        return _failed(args, _option_names(str(exc)))
     print(result.to_json() if args.json else plan.format_table(result))
     return 0
 
@@ -235,11 +331,9 @@ def _build_horovod(args):
                                         cuda_home=args.cuda_home, nccl_home=args.nccl_home,
                                         sdist=args.sdist, jobs=args.jobs)
     except ValueError as exc:
-        print(f"keras-adapt build-horovod: {_option_names(str(exc))}", file=sys.stderr)
-        return 2
+        return _usage(args, _option_names(str(exc)))
     except (horovod_build.BuildError, RuntimeError) as exc:
-        print(f"keras-adapt build-horovod: {exc}", file=sys.stderr)
-        return 1
+        return _failed(args, exc)
     if args.dry_run:
         print(plan.describe())
         return 0
@@ -247,8 +341,7 @@ def _build_horovod(args):
         record = horovod_build.run_build(plan, force=args.force,
                                          log=lambda line: print(line, flush=True))
     except horovod_build.BuildError as exc:
-        print(f"keras-adapt build-horovod: {exc}", file=sys.stderr)
-        return 1
+        return _failed(args, exc)
     if record["up_to_date"]:
         print(f"keras-adapt build-horovod: up to date: {record['summary']} "
               f"(recorded in {plan.env.prefix}; --force builds again)")
@@ -276,31 +369,34 @@ def _discover(args):
     selector, source_name = args.kubernetes_selector, None
     if selector is None and (any(v is not None for v in kube.values())
                              or args.slots_per_pod != 1):
-        print("keras-adapt discover: the --kubernetes-* options and --slots-per-pod need "
-              "--kubernetes-selector LABELS (the worker pods' labels)", file=sys.stderr)
-        return 2
-    try:
-        pods = None
-        if selector is not None:
-            from keras_adapt import kubernetes_pods
+        return _usage(args, "the --kubernetes-* options and --slots-per-pod need "
+                      "--kubernetes-selector LABELS (the worker pods' labels)")
+    pods = None
+    if selector is not None:
+        from keras_adapt import kubernetes_pods
 
-            hosts_file = hosts = None  # the pods, not the environment's hosts
-            source_name = kubernetes_pods.cache_name(selector)
+        hosts_file = hosts = None  # the pods, not the environment's hosts
+        source_name = kubernetes_pods.cache_name(selector)
+        try:  # the options are checked here, before any request
             pods = kubernetes_pods.KubernetesPods(
                 selector, slots_per_pod=args.slots_per_pod,
                 **{k: v for k, v in kube.items() if v is not None})
+        except (ValueError, OSError) as exc:
+            return _usage(args, _option_names(str(exc)))
+    try:
         answer = discover.discover(hosts_file=hosts_file, hosts=hosts, target_file=target_file,
                                    exclude_file=exclude_file, pods=pods)
     except (ValueError, OSError) as exc:
+        if hosts_file is None and hosts is None and pods is None:
+            return _usage(args, str(exc))  # no source given at all
         print(f"keras-adapt discover: {_option_names(str(exc))}", file=sys.stderr)
         path = discover.last_good_path(hosts_file, target_file, exclude_file, source_name)
         last = discover.read_last_good(path)
         if last is None:
             # Nothing to fall back on: at start-up Horovod stops the job, which
             # is right for a configuration that never worked.
-            print("keras-adapt discover: no last good answer to print"
-                  + (f" ({path} holds none)" if path else ""), file=sys.stderr)
-            return 2
+            return _failed(args, "no last good answer to print"
+                           + (f" ({path} holds none)" if path else ""))
         print(f"keras-adapt discover: printing the last good answer from {path}",
               file=sys.stderr)
         answer = last
@@ -314,8 +410,7 @@ def _slurm_hosts(args):
     try:
         hosts = slurm.allocation_hosts()
     except (slurm.NotInAllocation, ValueError) as exc:
-        print(f"keras-adapt slurm-hosts: {exc}", file=sys.stderr)
-        return 2
+        return _failed(args, exc)
     if args.format == "np":
         print(slurm.worker_count(hosts))
     elif args.format == "hostfile":
@@ -326,13 +421,11 @@ def _slurm_hosts(args):
 
 
 def main(argv=None):
-    """Runs the command line; returns the exit code (0 ok, 2 bad input).
+    """Runs the command line; returns the exit code: 0 done, 1 the work failed, 2 bad usage.
 
-    ``build-horovod`` returns 1 when the build cannot start or fails, and
-    ``report`` and ``plan`` when an extra they need is not installed.
-
-    ``discover`` returns 0 whenever it printed hosts (the last good answer
-    after bad input included) and 2 only when it had none to print.
+    The codes are the module's (:mod:`keras_adapt.cli`); argparse's own
+    exits (``--help``, ``--version``, a malformed option) are returned too,
+    not raised.
 
     Example:
 
@@ -341,39 +434,28 @@ def main(argv=None):
     2
     """
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        print("keras-adapt: error: name a command: report, plan, discover, build-horovod or "
+              "slurm-hosts (keras-adapt --help says what each does)", file=sys.stderr)
+        return 2
     if args.command == "discover":
         return _discover(args)  # polled every second: no TensorFlow import
     if args.command == "build-horovod":
         return _build_horovod(args)
     if args.command == "slurm-hosts":
         return _slurm_hosts(args)  # in batch scripts: no TensorFlow import
-    if args.command not in ("report", "plan"):
-        parser.print_help()
-        return 2
+    bad = _check_logdir(args)
+    if bad is not None:
+        return bad
     # TensorFlow (loaded with TensorBoard's reader) prints start-up lines at
     # INFO level; a command-line tool shows only warnings and errors.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.command == "plan":
-        return _plan(args)
-    if args.max_points < 2:
-        print(f"keras-adapt report: --max-points={args.max_points} is not valid; use 2 or more",
-              file=sys.stderr)
-        return 2
-    from keras_adapt import report
-
-    try:
-        path = report.write_report(args.logdir, args.output, runs=args.runs,
-                                   max_points=args.max_points)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"keras-adapt report: {exc}", file=sys.stderr)
-        return 2
-    except ImportError as exc:
-        print(f"keras-adapt report: {exc}", file=sys.stderr)
-        return 1
-    print(f"keras-adapt report: wrote {path}")
-    print(f"Interactive view: tensorboard --logdir {args.logdir}  (the Adapt tab)")
-    return 0
+    return _plan(args) if args.command == "plan" else _report(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,7 +29,8 @@ the hosts file; for pods without either, in the temporary directory) as
 API fails (unreachable, an HTTP error, no pod ready), :func:`discover` raises, and ``keras-adapt discover`` prints the error on
 stderr and the last good answer with exit code 0, because Horovod treats a
 failing script as a transient error but empty output as "no hosts" (every
-worker would be stopped).
+worker would be stopped). With no last good answer it exits 1, a runtime
+error like any other command's (2 is for a wrong command line).
 
 Example:
 

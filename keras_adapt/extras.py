@@ -13,8 +13,9 @@ examples       scikit-learn, tensorboard                   ``examples/``
 test           pytest, pytest-timeout, playwright, ...     the test suite
 =============  ==========================================  =====================================
 
-:func:`require` imports a module or raises an ``ImportError`` that names the
-feature, the missing distribution and the extra.
+:func:`require` imports a module or raises :class:`ExtraImportError` (an
+``ImportError``) that names the feature, the missing distribution and the
+extra; ``keras-adapt`` prints it as the install hint, without a traceback.
 
 Example:
 
@@ -24,12 +25,12 @@ Example:
 >>> require("no_such_module_xyz", "report", "keras-adapt report")
 Traceback (most recent call last):
 ...
-ImportError: keras-adapt report needs no_such_module_xyz, which is not installed here; pip install 'keras-adapt[report]'
+keras_adapt.extras.ExtraImportError: keras-adapt report needs no_such_module_xyz, which is not installed here; pip install 'keras-adapt[report]'
 """
 
 import importlib
 
-__all__ = ["EXTRAS", "require"]
+__all__ = ["EXTRAS", "ExtraImportError", "require"]
 
 #: extra -> the distributions it installs (pyproject.toml's optional dependencies).
 EXTRAS = {
@@ -42,6 +43,20 @@ EXTRAS = {
 
 #: module -> the distribution that provides it, where the names differ.
 _DISTRIBUTIONS = {"sklearn": "scikit-learn", "pynvml": "nvidia-ml-py"}
+
+
+class ExtraImportError(ImportError):
+    """The ``ImportError`` of a feature whose extra is missing; its message is the install hint.
+
+    Example:
+
+    >>> from keras_adapt.extras import ExtraImportError, require
+    >>> try:
+    ...     require("no_such_module_xyz", "system", "SystemMonitor")
+    ... except ExtraImportError as exc:
+    ...     print(exc.name, "|", exc)
+    no_such_module_xyz | SystemMonitor needs no_such_module_xyz, which is not installed here; pip install 'keras-adapt[system]'
+    """
 
 
 def require(module, extra, feature):
@@ -60,5 +75,5 @@ def require(module, extra, feature):
         if exc.name is not None and exc.name.split(".")[0] != top:
             raise  # the module is there; something it imports is not
         dist = _DISTRIBUTIONS.get(top, top)
-        raise ImportError(f"{feature} needs {dist}, which is not installed here; "
-                          f"pip install 'keras-adapt[{extra}]'", name=top) from exc
+        raise ExtraImportError(f"{feature} needs {dist}, which is not installed here; "
+                               f"pip install 'keras-adapt[{extra}]'", name=top) from exc

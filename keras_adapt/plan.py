@@ -61,11 +61,12 @@ from keras_adapt.checks import check_float, check_int, invalid
 from keras_adapt.formulas.goodput import statistical_efficiency
 from keras_adapt.formulas.throughput import ThroughputModel
 from keras_adapt.record import metadata
-from keras_adapt.record.runs import load_runs
+from keras_adapt.record.selection import select_runs
 
 __all__ = ["NOISE_SCALE_TAIL", "Observation", "Plan", "PlanError", "PreemptibleEstimate", "Row",
-           "RunObservations", "UNCERTAIN", "format_table", "make_plan", "noise_scale",
-           "plan_run", "preemptible_time", "run_observations", "samples_needed", "split_batch"]
+           "RunObservations", "UNCERTAIN", "check_options", "format_table", "make_plan",
+           "noise_scale", "plan_run", "preemptible_time", "run_observations", "samples_needed",
+           "split_batch"]
 
 #: The late part of the run whose median noise scale the plan uses: the
 #: last quarter of the ``adapt/gns`` points.
@@ -569,20 +570,14 @@ def _check_ints(name, values):
 
 
 def _pick_run(runs, logdir, run):
+    """The run to plan from ``runs`` (:func:`select_runs`' answer, named ``run`` or not)."""
     timed = [r for r in runs
              if any(t.startswith(metadata.STEP_TIME_TAG_PREFIX) for t in r.series)]
     if run is not None:
-        named = [r for r in runs if r.name == run]
-        if not named:
-            raise PlanError(f"run={run!r} has no adapt data under {logdir!r}; runs with adapt "
-                            f"data: {', '.join(r.name for r in runs) or 'none'}")
-        if named[0] not in timed:
+        if runs[0] not in timed:
             raise PlanError(f"run {run!r} recorded no step times (adapt/step_time/rank_<r>); "
                             "train with AdaptTensorBoard(log_dir=..., step_times=True)")
-        return named[0]
-    if not runs:
-        raise PlanError(f"no run under {logdir!r} has adapt data; train with "
-                        "keras_adapt.callbacks.AdaptTensorBoard(log_dir=...) under that folder")
+        return runs[0]
     if not timed:
         raise PlanError(f"no run under {logdir!r} recorded step times (adapt/step_time/rank_<r>); "
                         "train with AdaptTensorBoard(log_dir=..., step_times=True)")
@@ -716,9 +711,36 @@ def make_plan(logdir, samples, run=None, workers=DEFAULT_WORKERS, batch_sizes=No
     options = _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
                        revocations_per_hour, checkpoint_seconds, restart_seconds,
                        noise_scale_value, base_batch, max_micro_batch, warmup, min_observations)
-    run_data = _pick_run(load_runs(logdir, runs=None if run is None else [run], max_points=None),
-                         logdir, run)
+    if run is not None and not isinstance(run, str):
+        raise invalid("run", run, "pass one run's name; a plan is made from one run",
+                      error=PlanError)
+    found = select_runs(logdir, None if run is None else [run], max_points=None, error=PlanError)
+    run_data = _pick_run(found, logdir, run)
     return _plan(run_data, **options)
+
+
+def check_options(samples, workers=DEFAULT_WORKERS, batch_sizes=None, price_on_demand=None,
+                  price_preemptible=None, revocations_per_hour=None, checkpoint_seconds=None,
+                  restart_seconds=None, noise_scale_value=None, base_batch=None,
+                  max_micro_batch=None, warmup=1, min_observations=2):
+    """Checks :func:`make_plan`'s options without reading any log.
+
+    Raises the :class:`PlanError` that :func:`make_plan` would raise for
+    them, so a command can tell a bad option from logs that cannot give a
+    plan before it reads anything.
+
+    Example:
+
+    >>> from keras_adapt.plan import check_options
+    >>> check_options(1e6, workers=[1, 2])
+    >>> check_options(1e6, revocations_per_hour=0.1)
+    Traceback (most recent call last):
+    ...
+    keras_adapt.plan.PlanError: preemptible planning needs revocations_per_hour, checkpoint_seconds and restart_seconds; missing: checkpoint_seconds, restart_seconds
+    """
+    _options(samples, workers, batch_sizes, price_on_demand, price_preemptible,
+             revocations_per_hour, checkpoint_seconds, restart_seconds, noise_scale_value,
+             base_batch, max_micro_batch, warmup, min_observations)
 
 
 def plan_run(run_data, samples, workers=DEFAULT_WORKERS, batch_sizes=None,

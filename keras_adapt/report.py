@@ -34,10 +34,11 @@ import struct
 
 from keras_adapt.extras import require
 from keras_adapt.record import metadata, reader
-from keras_adapt.record.runs import load_runs
+from keras_adapt.record.selection import select_runs
 
-__all__ = ["build_figure", "format_values", "has_sync_strategy_panel", "has_system_series",
-           "has_timing_series", "plot_runs", "png_size", "tick_label", "write_report"]
+__all__ = ["build_figure", "check_output", "format_values", "has_sync_strategy_panel",
+           "has_system_series", "has_timing_series", "plot_runs", "png_size", "tick_label",
+           "write_report"]
 
 #: Figure geometry: one block of panels per run, fixed pixel size.
 WIDTH_IN, RUN_HEIGHT_IN, DPI = 14.0, 6.5, 100
@@ -413,11 +414,54 @@ def _html(runs, png_bytes, logdir):
     return "\n".join(parts)
 
 
+def check_output(output):
+    """Checks, before any work, that the report can be written to ``output``.
+
+    Raises ``ValueError`` when ``output`` does not end in ``.png`` or
+    ``.html``, and an ``OSError`` naming the path and the fix when it
+    cannot be written: it is a directory, its folder is missing, or it is
+    not writable (tried by opening it for appending, which keeps an
+    existing file; a file created by the try is removed again).
+
+    Example:
+
+    >>> import os, tempfile
+    >>> from keras_adapt import report
+    >>> report.check_output(os.path.join(tempfile.mkdtemp(), "r.png"))
+    >>> report.check_output(os.path.join(tempfile.mkdtemp(), "missing", "r.png"))
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: cannot write '...r.png': the folder '...missing' does not exist; create it or pass another path
+    """
+    path = os.path.abspath(output)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write {str(output)!r}: it is a directory; pass a file "
+                                "name in it, e.g. " + os.path.join(str(output), "report.png"))
+    ext = os.path.splitext(str(output))[1].lower()
+    if ext not in (".png", ".html", ".htm"):
+        raise ValueError(f"output={str(output)!r} is not valid; end it in .png or .html")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"cannot write {str(output)!r}: the folder {parent!r} does not "
+                                "exist; create it or pass another path")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise PermissionError(f"cannot write {str(output)!r}: {exc.strerror}; pass a path you "
+                              "may write, e.g. in your home folder") from exc
+    if not existed:
+        os.remove(path)
+
+
 def write_report(logdir, output, runs=None, max_points=2000, dpi=DPI):
     """Writes the report of ``logdir`` to ``output`` (``.png`` or ``.html``); returns its path.
 
-    Raises ``ValueError`` for another extension or when no run under
-    ``logdir`` has adapt data.
+    ``output`` is checked first (:func:`check_output`), so a bad path is
+    reported before any log is read. ``runs`` (names) selects runs as
+    :func:`keras_adapt.record.selection.select_runs` does: a ``ValueError``
+    when no run has adapt data or a name is none of them.
 
     Example:
 
@@ -428,19 +472,10 @@ def write_report(logdir, output, runs=None, max_points=2000, dpi=DPI):
     ...
     ValueError: output='out.pdf' is not valid; end it in .png or .html
     """
-    ext = os.path.splitext(str(output))[1].lower()
-    if ext not in (".png", ".html", ".htm"):
-        raise ValueError(f"output={str(output)!r} is not valid; end it in .png or .html")
+    check_output(output)
     require("matplotlib", "report", "keras-adapt report")
-    data = load_runs(logdir, runs=runs, max_points=max_points)
-    if not data:
-        raise ValueError(
-            f"no run under {logdir!r} has adapt data; train with "
-            "keras_adapt.callbacks.AdaptTensorBoard(log_dir=...) under that folder"
-        )
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    if ext == ".png":
+    data = select_runs(logdir, runs, max_points=max_points)
+    if str(output).lower().endswith(".png"):
         plot_runs(data, output, dpi=dpi)
     else:
         buf = io.BytesIO()

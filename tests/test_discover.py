@@ -243,7 +243,7 @@ def test_bad_input_without_a_last_good_answer_fails_loudly(files):
     hosts, target_file = files
     open(target_file, "w").write("many\n")
     proc = _discover("--hosts-file", hosts, "--target-file", target_file)
-    assert (proc.returncode, proc.stdout) == (2, "")
+    assert (proc.returncode, proc.stdout) == (1, "")
     assert "'many' is not a worker count" in proc.stderr
     assert "no last good answer" in proc.stderr
     proc = _discover()

@@ -332,7 +332,7 @@ def test_an_api_error_prints_it_and_the_last_good_answer(tmp_path, api, breakage
 
 def test_a_selector_matching_nothing_without_a_last_good_answer_fails_loudly(tmp_path, api):
     done = _run(tmp_path, api, selector="training.kubeflow.org/job-name=nosuchjob")
-    assert (done.returncode, done.stdout) == (2, "")
+    assert (done.returncode, done.stdout) == (1, "")
     assert "no pod matching training.kubeflow.org/job-name=nosuchjob in namespace ml" in (
         done.stderr)
     assert "no last good answer to print" in done.stderr

@@ -127,15 +127,16 @@ def test_one_run_only_and_python_dash_m(logdir, tmp_path):
     assert report.png_size(out) == (1400, 650)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["report", "{logdir}", "-o", "{tmp}/r.pdf"], "end it in .png or .html"),
-    (["report", "{tmp}/missing", "-o", "{tmp}/r.png"], "is not a directory"),
-    (["report", "{tmp}", "-o", "{tmp}/r.png"], "has adapt data"),
-    (["report", "{logdir}", "-o", "{tmp}/r.png", "--max-points", "1"], "--max-points=1"),
+@pytest.mark.parametrize("args,message,code", [
+    (["report", "{logdir}", "-o", "{tmp}/r.pdf"], "end it in .png or .html", 2),
+    (["report", "{tmp}/missing", "-o", "{tmp}/r.png"], "is not a directory", 2),
+    (["report", "{tmp}", "-o", "{tmp}/r.png"], "has adapt data", 1),
+    (["report", "{logdir}", "-o", "{tmp}/r.png", "--max-points", "1"],
+     "--max-points: '1' is not valid", 2),
 ])
-def test_bad_input_is_explained(logdir, tmp_path, capsys, args, message):
+def test_bad_input_is_explained(logdir, tmp_path, capsys, args, message, code):
     args = [a.format(logdir=logdir, tmp=tmp_path) for a in args]
-    assert cli.main(args) == 2
+    assert cli.main(args) == code
     assert message in capsys.readouterr().err
 
 

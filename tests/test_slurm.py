@@ -111,10 +111,10 @@ def test_the_command_prints_the_allocation_and_exits_2_outside_one():
         "horovodrun": (0, "h2:2,h3:1\n"), "np": (0, "3\n"), "hostfile": (0, "h2:2\nh3:1\n")}
     assert _cli(env).stdout == "h2:2,h3:1\n"  # the default format
     outside = _cli({})
-    assert outside.returncode == 2 and outside.stdout == ""
+    assert outside.returncode == 1 and outside.stdout == ""
     assert "SLURM_JOB_NODELIST is not set: run this inside a Slurm allocation" in outside.stderr
     bad = _cli({"SLURM_JOB_NODELIST": "h[2-", "SLURM_TASKS_PER_NODE": "1"})
-    assert bad.returncode == 2 and "SLURM_JOB_NODELIST='h[2-' is not a Slurm hostlist" in bad.stderr
+    assert bad.returncode == 1 and "SLURM_JOB_NODELIST='h[2-' is not a Slurm hostlist" in bad.stderr
     assert _cli(env, "--format", "yaml").returncode == 2  # argparse names the choices
 
 
