@@ -101,7 +101,7 @@ docs: setup-primary
 # depends on how busy the machine is, so nothing needs the machine alone.
 # The primary files in LANE_SHARED run in the legacy lane, which is otherwise
 # the shorter; the emulated hosts stay in the primary lane (one set at a time).
-LANE_SHARED := tests/test_preemption.py tests/test_examples.py tests/test_plan.py
+LANE_SHARED := tests/test_preemption.py tests/test_examples.py tests/test_plan.py tests/test_doc_blocks.py
 PREFIX := bash tools/prefix_output.sh
 
 test: setup
