@@ -12,8 +12,8 @@ import tensorflow as tf
 from keras_adapt import _hvd
 from keras_adapt.checkpointing import CheckpointFiles, epoch_ender
 from keras_adapt.checks import check_float, check_int
-from keras_adapt.coordination import (EXIT_CODE, SIGNALS, CheckInterval, RevocationNotices,
-                                      SignalAgreement)
+from keras_adapt.coordination import (EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement,
+                                      as_notices)
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.monitors import step_pauses
 from keras_adapt.optimizer import UpdateBoundary, require_distributed
@@ -153,13 +153,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"log_dir must be a path or None, got {log_dir!r}")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        if isinstance(notices, str):
-            notices = RevocationNotices(notices)
-        if notices is not None and not isinstance(notices, RevocationNotices):
-            raise TypeError(f"notices must be None, a provider name ('gce', 'aws', 'azure') or a "
-                            f"keras_adapt.coordination.RevocationNotices, got {notices!r}")
         #: The revocation-notice watcher (a RevocationNotices), or None.
-        self.notices = notices
+        self.notices = as_notices(notices)
         #: True once the workers stopped for a signal.
         self.preempted = False
         #: Every event this callback recorded, in order.
@@ -184,8 +179,8 @@ class PreemptionCheckpoint(keras.callbacks.Callback):
         self._stopping = False  # agreed to stop, at an update boundary
         self._save_at_epoch_end = False  # a periodic save due at the epoch's last step
         # A notice may give less time than deadline_s: the agreements must come sooner.
-        spacing = self.deadline_s if notices is None else min(
-            notices.lead_s, self.deadline_s or notices.lead_s)
+        spacing = self.deadline_s if self.notices is None else min(
+            self.notices.lead_s, self.deadline_s or self.notices.lead_s)
         self._schedule = CheckInterval(check_interval, spacing)
         self._boundary = None  # which micro-step completes an update
         self._timer = None

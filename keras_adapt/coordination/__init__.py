@@ -13,7 +13,7 @@ Example:
 """
 
 from keras_adapt.coordination.broadcast import broadcast_variables
-from keras_adapt.coordination.revocation_notices import RevocationNotices
+from keras_adapt.coordination.revocation_notices import RevocationNotices, as_notices
 from keras_adapt.coordination.signal_agreement import (
     EXIT_CODE,
     SIGNALS,
@@ -28,6 +28,7 @@ __all__ = [
     "CheckInterval",
     "RevocationNotices",
     "SignalAgreement",
+    "as_notices",
     "auto_check_interval",
     "broadcast_variables",
 ]

@@ -361,3 +361,22 @@ class RevocationNotices:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def as_notices(notices):
+    """A callback's ``notices=`` argument as a :class:`RevocationNotices` or
+    None: a provider name makes a watcher with the defaults; anything else
+    but None or a watcher is a TypeError that names it.
+
+    Example:
+
+    >>> from keras_adapt.coordination.revocation_notices import as_notices
+    >>> as_notices("aws"), as_notices(None)
+    (RevocationNotices('aws', endpoint='http://169.254.169.254'), None)
+    """
+    if isinstance(notices, str):
+        return RevocationNotices(notices)
+    if notices is not None and not isinstance(notices, RevocationNotices):
+        raise TypeError(f"notices must be None, a provider name ('gce', 'aws', 'azure') or a "
+                        f"keras_adapt.coordination.RevocationNotices, got {notices!r}")
+    return notices

@@ -16,8 +16,8 @@ except ImportError as exc:  # pragma: no cover - both stacks have Horovod
 
 from keras_adapt import _hvd
 from keras_adapt.checks import check_float, check_int
-from keras_adapt.coordination import (EXIT_CODE, SIGNALS, CheckInterval, RevocationNotices,
-                                      SignalAgreement)
+from keras_adapt.coordination import (EXIT_CODE, SIGNALS, CheckInterval, SignalAgreement,
+                                      as_notices)
 from keras_adapt.elastic import disk_checkpoint
 from keras_adapt.optimizer import UpdateBoundary
 from keras_adapt.record import events
@@ -127,12 +127,7 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             disk_checkpoint.checked(checkpoint)
         if notices is None and checkpoint is not None:
             notices = checkpoint.notices  # the checkpoint's watcher, which it does not run here
-        if isinstance(notices, str):
-            notices = RevocationNotices(notices)
-        if notices is not None and not isinstance(notices, RevocationNotices):
-            raise TypeError(f"notices must be None, a provider name ('gce', 'aws', 'azure') or a "
-                            f"keras_adapt.coordination.RevocationNotices, got {notices!r}")
-        self.notices = notices
+        self.notices = as_notices(notices)
         self.state = state
         self.checkpoint = checkpoint
         self.check_interval = check_interval
@@ -145,8 +140,8 @@ class LeaveOnSignalCallback(keras.callbacks.Callback):
             on_signal=None if checkpoint is None else checkpoint.start_deadline)
         self.leaving = {}
         self.events = []
-        self._schedule = CheckInterval(check_interval, self.deadline_s if notices is None
-                                       else min(self.deadline_s, notices.lead_s))
+        self._schedule = CheckInterval(check_interval, self.deadline_s if self.notices is None
+                                       else min(self.deadline_s, self.notices.lead_s))
         self._agreed_interval = 1  # updates between the last two agreements
         self._since = 0
         self._boundary = None
