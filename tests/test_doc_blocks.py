@@ -2,14 +2,16 @@
 
 The convention is in tests/doc_blocks.py. One test per page with Python or
 shell blocks to run (a fresh process, a fresh working directory, the blocks
-in order), one per multi-worker block (under horovodrun, Gloo), one per
-JSON or YAML block, and one test that accounts for every block: the count
-by kind must equal the number of fences a plain scan finds, and no block may
-be unclassified.
+in order), one per multi-worker block (under horovodrun, Gloo; the logs it
+gives AdaptTensorBoard must be written), one per JSON or YAML block (parsed;
+an event must have a known kind), and one test that accounts for every
+block: the count by kind must equal the number of fences a plain scan
+finds, and no block may be unclassified.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,20 +53,16 @@ def _values(code):
         values.append(value)
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if b.kind == "json"], ids=lambda b: b.where)
-def test_json_block_parses_and_its_events_are_valid(block):
-    values = _values(block.code)
+@pytest.mark.parametrize("block", [b for b in ALL if b.kind in ("json", "yaml")],
+                         ids=lambda b: b.where)
+def test_data_block_parses_and_its_events_are_valid(block):
+    values = _values(block.code) if block.kind == "json" else list(yaml.safe_load_all(block.code))
     assert values, block.where
     for value in values:
         if isinstance(value, dict) and "kind" in value and "step" in value:
             event = metadata.parse_event_line(json.dumps(value))
             assert event is not None, (block.where, value)
             assert event["kind"] in metadata.EVENT_KINDS, (block.where, value["kind"])
-
-
-@pytest.mark.parametrize("block", [b for b in ALL if b.kind == "yaml"], ids=lambda b: b.where)
-def test_yaml_block_parses(block):
-    assert list(yaml.safe_load_all(block.code)), block.where
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -93,4 +91,10 @@ def test_multi_worker_block_runs_under_horovodrun(block, tmp_path):
         _run_job(cmd, timeout=600)
     finally:
         os.chdir(cwd)
+    for log_dir in re.findall(r'AdaptTensorBoard\("([^"]+)"', block.code):  # always writes
+        found = os.listdir(tmp_path / log_dir) if (tmp_path / log_dir).is_dir() else []
+        assert found, (block.where, log_dir, "not written")
+        if metadata.EVENTS_FILENAME in found:
+            lines = (tmp_path / log_dir / metadata.EVENTS_FILENAME).read_text().splitlines()
+            assert all(metadata.parse_event_line(l) for l in lines), (block.where, lines)
 
