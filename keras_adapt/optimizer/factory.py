@@ -130,7 +130,38 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it retu
         attributes ``gradient_statistics``, ``skipped_steps``,
         ``adapt_state`` and ``adapt_settings`` (the arguments above, checked,
         as one frozen :class:`~keras_adapt.optimizer.AdaptSettings`, whose
-        fields hold these defaults).
+        fields hold these defaults). ``skipped_steps`` counts the updates
+        skipped for a non-finite averaged gradient; ``adapt_state`` (an
+        :class:`~keras_adapt.optimizer.AdaptState`) is the public object
+        through which actuators, policies and your own callbacks reach what
+        keras-adapt keeps for this optimizer.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer or its name.
+        ValueError: an unknown optimizer name, an optimizer that is already
+            distributed (wrap once), or a bad setting (``ema_decay`` outside
+            (0, 1), a non-positive ``batch_size`` or ``stats_interval``, ...),
+            each naming the value and what is accepted.
+
+    The settings belong to the returned optimizer's class:
+    ``type(opt).from_config(opt.get_config())`` (what ``keras.models.clone_model``
+    and Keras' saving do) gives a complete distributed optimizer with the same
+    settings and a fresh state; ``get_config()`` itself is the plain
+    optimizer's. On Keras 3 the update hooks ``Optimizer.apply`` (so it also
+    works as the inner optimizer of ``LossScaleOptimizer``); on tf.keras 2 it
+    hooks ``apply_gradients`` (new and ``keras.optimizers.legacy``
+    optimizers). A model saved with it records the plain optimizer class, so
+    it loads anywhere; re-wrap after loading (or use
+    :func:`keras_adapt.load_model`).
+
+    The learning rate is the same on both stacks: whatever sets it
+    (``opt.learning_rate = x``, ``assign``, Keras' ``LearningRateScheduler``
+    and ``ReduceLROnPlateau``, keras-adapt's warm-up and schedule callbacks)
+    sets the base rate, and reading ``opt.learning_rate`` gives the base rate;
+    each update applies base x keras-adapt's factor
+    (:class:`~keras_adapt.actuators.LearningRateScale`, the policies' scaling
+    rules), the effective rate logged as ``lr`` (docs/policies.md, the
+    learning-rate contract; :func:`~keras_adapt.optimizer.effective_learning_rate`).
 
     Example:
 
