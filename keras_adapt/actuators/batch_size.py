@@ -40,7 +40,11 @@ class GlobalBatchSize:
             ``tf.data.Dataset`` (only k changes; its b is read from
             ``.batch(b, drop_remainder=True)``, see
             :func:`keras_adapt.data.fixed_batch_size`, or given as
-            ``micro_batch_size``).
+            ``micro_batch_size``; else a ``ValueError`` naming the fix). Any
+            other object with a settable ``micro_batch_size`` and a
+            ``micro_batch_limit`` (the largest size the data can give, or
+            None) works as a resizable dataset; anything else is a
+            ``TypeError`` naming the fix.
         micro_batch_size: the ``batch_size`` given to ``fit`` when the
             micro-batch is fixed (default: read from the dataset or from the
             data at the first step, which needs the optimizer's gradient

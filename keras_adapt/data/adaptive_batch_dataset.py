@@ -90,7 +90,8 @@ class AdaptiveBatchDataset:
         self.initial_micro_batch_size = self._micro_batch_size
         self.produced = 0  # micro-batches handed out so far
         self.samples = 0  # samples handed out so far by this worker
-        self.changes = []  # (batch index, new size) of every change
+        #: ``[(batch index, new size)]`` of every change of the micro-batch size.
+        self.changes = []
         self._pass = 0
         self._order = None
         self._cursor = 0

@@ -97,6 +97,12 @@ class KerasState(ObjectState):
         batch_size: the per-worker batch under the rule now (None without a
             rule that sets it); build the data with it.
         resizes: the ``resize`` events this process recorded.
+        dataset: the ``dataset`` argument (None without one).
+        sync_choice: the synchronisation strategy's host choice at the last
+            commit (``adapt_state.sync.get_state()``; None without a
+            keras-adapt optimizer), taken back on restore and sync.
+        data_state: the dataset's position at the last commit
+            (``dataset.get_state()``; None without a dataset).
 
     Example:
 

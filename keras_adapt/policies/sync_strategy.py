@@ -176,7 +176,8 @@ class SyncStrategyPolicy(AdaptationPolicy):
                 f"local={local!r} is not a local strategy; use a keras_adapt.sync strategy "
                 "other than AllReduceSGD, e.g. LocalSGD(period=8) or ModelAveraging(0.1)")
         self.local = local
-        # H_max; a strategy without a period is "H >= 2".
+        #: H_max, the largest period: the local strategy's ``period`` (a strategy
+        #: without a period, such as ModelAveraging, counts as 2).
         self.max_period = local.params().get("period", 2)
         if noise_scale is not None:
             noise_scale = check_float("noise_scale", noise_scale, low_open=True)

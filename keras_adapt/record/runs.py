@@ -32,6 +32,14 @@ __all__ = ["RunData", "load_runs"]
 class RunData:
     """One run's adapt data: ``series`` {tag: [(step, wall_time, value)]}, ``events``.
 
+    Attributes:
+        name: the run's name (its folder under the log directory).
+        series: ``{tag: [(step, wall_time, value)]}``, each downsampled as
+            :func:`load_runs` was asked.
+        events: the run's adaptation events, from its event files, else from
+            its ``adapt_events.jsonl``.
+        skipped: how many records could not be read.
+
     Example:
 
     >>> from keras_adapt.record.runs import RunData
@@ -71,7 +79,18 @@ def load_runs(logdir, runs=None, max_points=2000):
     """Reads every run with adapt data under ``logdir`` (sorted by name).
 
     ``runs`` (names) keeps only those runs. Series are downsampled to at
-    most ``max_points`` points each, keeping the first and last.
+    most ``max_points`` points each, keeping the first and last (``None``:
+    all). It reads with TensorBoard's own multiplexer and
+    :mod:`keras_adapt.record.reader`, as the Adapt tab does (TensorBoard's
+    reader imports TensorFlow when it is installed; importing this module,
+    the report or the planner does not). ``keras-adapt report`` draws what
+    it returns and ``keras-adapt plan`` plans from it.
+
+    Returns:
+        A list of :class:`RunData`, one per run with adapt data, sorted by name.
+
+    Raises:
+        FileNotFoundError: ``logdir`` is not a directory.
 
     Example:
 
