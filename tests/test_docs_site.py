@@ -66,6 +66,43 @@ def test_site_builds_strict_with_the_api_reference(site):
             assert os.path.join(name[:-3], "index.html") in built, name
 
 
+def test_the_reference_pages_are_the_generators_and_list_every_public_name(site):
+    """tools/reference_pages.py wrote the pages; every public class and
+    function of every public module is on the site (under its package or
+    its own module), so none can be left out."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "reference_pages.py"),
+                           "--check"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    pages = "".join(open(os.path.join(d, f)).read() for d, _, files in
+                    os.walk(site / "reference") for f in files if f == "index.html")
+    reference = _reference_pages()
+    missing = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "keras_adapt")):
+        module = os.path.relpath(folder, ROOT).replace(os.sep, ".")
+        if "._" in module or "__pycache__" in module or "patches" in module:
+            continue
+        for file in files:
+            if not file.endswith(".py") or file.startswith("_") or file in ("cli.py",
+                                                                             "version.py"):
+                continue
+            name = module if file == "__init__.py" else f"{module}.{file[:-3]}"
+            package = module if folder != os.path.join(ROOT, "keras_adapt") else name
+            for obj in reference.public_names(open(os.path.join(folder, file)).read()):
+                if (f'id="{name}.{obj}"' not in pages
+                        and f'id="{package}.{obj}"' not in pages):
+                    missing.append(f"{name}.{obj}")
+    assert missing == []
+
+
+def _reference_pages():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import reference_pages
+    finally:
+        sys.path.remove(os.path.join(ROOT, "tools"))
+    return reference_pages
+
+
 def test_every_public_module_has_a_reference_page():
     import pkgutil
 
