@@ -11,7 +11,8 @@ import keras_adapt
 from keras_adapt.optimizer import DEFAULT_STATS_INTERVAL, AdaptSettings, distributed_class
 from keras_adapt.sync import AllReduceSGD, LocalSGD
 
-# The defaults as documented in docs/api.md (written out here, independently of the code).
+# The defaults as DistributedOptimizer's docstring documents them (the API reference), written
+# out here independently of the code.
 DOCUMENTED_DEFAULTS = {
     "gradient_stats": True, "ema_decay": 0.99, "batch_size": None, "skip_nonfinite": False,
     "stats_interval": 10, "sparse_as_dense": False, "backward_passes_per_step": 1,
