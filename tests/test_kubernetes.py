@@ -475,7 +475,9 @@ def test_pods_becoming_ready_then_terminating_resize_an_elastic_job(tmp_path, em
     # The pod that went away took its worker: the two on h2 and h3 finished.
     finals = sorted((json.load(open(out / n)) for n in os.listdir(out)
                      if n.startswith("final_")), key=lambda f: f["rank"])
-    assert [(f["host"], f["rank"], f["workers"]) for f in finals] == [("h2", 0, 2), ("h3", 1, 2)]
+    # (Horovod may give the two survivors either rank after the re-form.)
+    assert sorted((f["host"], f["workers"]) for f in finals) == [("h2", 2), ("h3", 2)]
+    assert [f["rank"] for f in finals] == [0, 1]
     final = finals[0]
     assert [s["id"] for s in final["steps"]] == list(range(TOTAL))  # each step once
     assert (final["epoch"], final["batch"], final["iterations"]) == (EPOCHS, 0, TOTAL)
