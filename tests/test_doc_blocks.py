@@ -65,6 +65,10 @@ def test_data_block_parses_and_its_events_are_valid(block):
             assert event["kind"] in metadata.EVENT_KINDS, (block.where, value["kind"])
 
 
+# The pages' code runs on the primary stack (about 2.5 minutes); the legacy
+# stack runs the same library calls through every module's doctests
+# (tests/test_docstrings.py) and the suite's tf.keras 2 jobs.
+@pytest.mark.primary_only
 @pytest.mark.parametrize("page", PAGES)
 def test_blocks_of_the_page_run_in_order(page, tmp_path):
     code = [[b.where, b.kind, doc_blocks.shell_commands(b) if b.kind == "shell" else b.code]
@@ -79,6 +83,7 @@ def test_blocks_of_the_page_run_in_order(page, tmp_path):
     assert proc.stdout.count("ok ") == len(code), proc.stdout
 
 
+@pytest.mark.primary_only
 @pytest.mark.parametrize("block", HOROVODRUN_BLOCKS, ids=lambda b: b.where)
 def test_multi_worker_block_runs_under_horovodrun(block, tmp_path):
     (tmp_path / "train.py").write_text(block.code + "\n")
