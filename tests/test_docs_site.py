@@ -4,6 +4,7 @@ and a broken link fails the build."""
 
 import functools
 import http.server
+import importlib
 import os
 import shutil
 import subprocess
@@ -19,14 +20,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.primary_only
 
 
-def _extension():
-    """tools/griffe_doctest_blocks.py (it needs Griffe, which mkdocstrings brings)."""
+def _tool(name):
+    """The module tools/<name>.py (griffe_doctest_blocks needs Griffe, which
+    mkdocstrings brings: imported here, not at collection)."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
-        import griffe_doctest_blocks
+        return importlib.import_module(name)
     finally:
         sys.path.remove(os.path.join(ROOT, "tools"))
-    return griffe_doctest_blocks
 
 
 def _build(config_dir, site_dir):
@@ -75,7 +76,7 @@ def test_the_reference_pages_are_the_generators_and_list_every_public_name(site)
     assert done.returncode == 0, done.stderr
     pages = "".join(open(os.path.join(d, f)).read() for d, _, files in
                     os.walk(site / "reference") for f in files if f == "index.html")
-    reference = _reference_pages()
+    reference = _tool("reference_pages")
     missing = []
     for folder, _, files in os.walk(os.path.join(ROOT, "keras_adapt")):
         module = os.path.relpath(folder, ROOT).replace(os.sep, ".")
@@ -92,15 +93,6 @@ def test_the_reference_pages_are_the_generators_and_list_every_public_name(site)
                         and f'id="{package}.{obj}"' not in pages):
                     missing.append(f"{name}.{obj}")
     assert missing == []
-
-
-def _reference_pages():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        import reference_pages
-    finally:
-        sys.path.remove(os.path.join(ROOT, "tools"))
-    return reference_pages
 
 
 def test_every_public_module_has_a_reference_page():
@@ -131,7 +123,7 @@ def test_a_broken_link_fails_the_build(tmp_path):
 
 
 def test_fence_doctests():
-    fence_doctests = _extension().fence_doctests
+    fence_doctests = _tool("griffe_doctest_blocks").fence_doctests
     text = "Intro.\n\n>>> x = 1\n>>> x + 1\n2\n\nAfter.\n"
     assert fence_doctests(text) == (
         "Intro.\n\n```pycon\n>>> x = 1\n>>> x + 1\n2\n```\n\nAfter.\n")
@@ -213,7 +205,7 @@ def test_home_and_an_api_page_in_the_browser(served):
 
 
 def test_roles_as_code():
-    roles_as_code = _extension().roles_as_code
+    roles_as_code = _tool("griffe_doctest_blocks").roles_as_code
     assert roles_as_code("a :class:`~keras_adapt.data.AdaptiveBatchDataset` b") == (
         "a `AdaptiveBatchDataset` b")
     assert roles_as_code(":func:`keras_adapt.elastic.fit` and :mod:`keras_adapt.formulas`") == (
