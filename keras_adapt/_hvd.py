@@ -205,6 +205,12 @@ class Reduction:
         timing: a :class:`~keras_adapt.monitors.worker_timing.CollectiveTiming`
             that brackets each reduction (``optimizer.adapt_state.timing``),
             or None.
+        switch: a :class:`~keras_adapt.optimizer.CompressionSwitch`
+            (``optimizer.adapt_state.compression``), or None. Once enabled,
+            the dense gradients and the scalars are reduced under a
+            ``tf.cond`` on its variable, float16 (``Compression.fp16``) or
+            float32 (``Compression.none``), instead of by ``compression``;
+            the variable starts from ``compression``.
 
     Example:
 
@@ -216,9 +222,10 @@ class Reduction:
     """
 
     def __init__(self, op=None, compression=None, gradient_predivide_factor=1.0, process_set=None,
-                 timing=None):
+                 timing=None, switch=None):
         self.op = op
         self.timing = timing
+        self.switch = switch
         self.compression = compression
         self.process_set = process_set
         factor = gradient_predivide_factor
@@ -260,6 +267,11 @@ class Reduction:
                 "horovod.tensorflow.ProcessSet registered with hvd.init(process_sets=...) "
                 "or hvd.add_process_set(...)"
             )
+
+    @property
+    def sends_fp16(self):
+        """True when ``compression`` is Horovod's ``Compression.fp16``."""
+        return hvd is not None and self.compression is hvd.Compression.fp16
 
     @property
     def is_sum(self):
@@ -306,14 +318,34 @@ class Reduction:
             # Horovod allgathers IndexedSlices (no pre/postscale factors there).
             for i, r in zip(sparse, hvd.grouped_allreduce([tensors[i] for i in sparse], **kwargs)):
                 out[i] = r
+        dense_items = [tensors[i] for i in dense]
+        slots = dense + list(range(len(tensors), len(tensors) + len(scalars)))
+        if self.switch is not None and self.switch.enabled and (dense_items or scalars):
+            # Both reductions are traced; the branch the variable picks runs,
+            # the same on every worker (CompressionSwitch).
+            reduced = tf.cond(
+                self.switch.fp16,
+                lambda: self._reduce_dense(dense_items, scalars, hvd.Compression.fp16, pre, post),
+                lambda: self._reduce_dense(dense_items, scalars, hvd.Compression.none, pre, post))
+        else:
+            reduced = self._reduce_dense(dense_items, scalars, self.compression, pre, post)
+        for slot, r in zip(slots, reduced):
+            out[slot] = r
+        return out
+
+    def _reduce_dense(self, tensors, scalars, compression, pre, post):
+        """The dense ``tensors`` reduced with ``op`` through ``compression``
+        and the ``scalars`` averaged, in one grouped allreduce per dtype."""
+        import tensorflow as tf
+
+        kwargs = {"op": self.op, "process_set": self.process_set}
         compressed, contexts = [], []
-        for i in dense:
-            c, ctx = self.compression.compress(tensors[i])
+        for t in tensors:
+            c, ctx = compression.compress(t)
             compressed.append(c)
             contexts.append(ctx)
         # Scalars are averaged: with op=Sum they are divided by size after the sum.
-        items = compressed + scalars
-        slots = dense + list(range(len(tensors), len(tensors) + len(scalars)))
+        items = compressed + list(scalars)
         by_dtype = {}
         for k, t in enumerate(items):
             by_dtype.setdefault(t.dtype, []).append(k)
@@ -323,11 +355,12 @@ class Reduction:
                                           postscale_factor=post, **kwargs)
             for k, r in zip(ks, group):
                 reduced[k] = r
-        for k, (slot, r) in enumerate(zip(slots, reduced)):
+        out = []
+        for k, r in enumerate(reduced):
             if k < len(compressed):
-                out[slot] = self.compression.decompress(r, contexts[k])
+                out.append(compression.decompress(r, contexts[k]))
             else:
-                out[slot] = r / tf.cast(self.size(), r.dtype) if self.is_sum else r
+                out.append(r / tf.cast(self.size(), r.dtype) if self.is_sum else r)
         return out
 
 

@@ -152,11 +152,46 @@ def _train_sync(log_dir):
         Switch(), AdaptTensorBoard(log_dir, update_freq=2, batch_size=16)])
 
 
+#: The compression-switching run: {step: mode} set before that step, each
+#: with a communication event.
+COMPRESSION_SWITCHES = {5: "fp16", 13: "none"}
+
+
+def _train_compression(log_dir):
+    """A real run that switches the gradients' compression, recording its events."""
+    import keras
+    import keras_adapt
+    from keras_adapt.actuators import GradientCompression
+    from keras_adapt.callbacks import AdaptTensorBoard
+    from keras_adapt.record import events
+
+    class Switch(keras.callbacks.Callback):
+        """Switches like a CommunicationPolicy (before AdaptTensorBoard), recording its events."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if step in COMPRESSION_SWITCHES:
+                before = self.compression.mode
+                self.compression.set(COMPRESSION_SWITCHES[step])
+                events.emit("communication", step=step, epoch=0, policy="BrowserTestPolicy",
+                            reason=f"to {self.compression.mode}", before={"compression": before},
+                            after={"compression": self.compression.mode}, log_dir=log_dir)
+
+    rng = np.random.default_rng(4)
+    x = rng.random((160, 8)).astype("float32")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    switch = Switch()
+    switch.compression = GradientCompression(model)
+    model.fit(x, x.sum(axis=1, keepdims=True), batch_size=8, epochs=1, verbose=0, callbacks=[
+        switch, AdaptTensorBoard(log_dir, update_freq=2, batch_size=8)])
+
+
 #: The "kinds" run: (step, kind) of its events, one of every declared kind
 #: (two at one step) and one of a kind from a newer writer.
 KIND_EVENTS = [(2, "resize"), (4, "straggler"), (4, "checkpoint"), (6, "preemption"),
                (8, "resume"), (10, "sync_strategy"), (12, "batch_size"), (14, "lr"),
-               (16, "teleport")]
+               (16, "communication"), (18, "teleport")]
 
 
 def _train_kinds(log_dir):
@@ -253,6 +288,7 @@ def run_logdir(tmp_path):
     _train(str(logdir / "train"))
     _train_sync(str(logdir / "sync"))
     _train_kinds(str(logdir / "kinds"))
+    _train_compression(str(logdir / "comm"))
     _write_hostile_run(str(logdir / HOSTILE))
     return logdir
 
@@ -590,6 +626,36 @@ def test_adapt_tab_renders_charts_markers_and_events(run_logdir, tensorboard_url
             assert rows.nth(0).locator("td").nth(6).inner_text() == "local_sgd (period: 4, start_after: 0)"
             assert rows.nth(1).locator("td").nth(6).inner_text() == "model_averaging (alpha: 0.5)"
             page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_sync_strategy.png"), full_page=True)
+
+            # The compression-switching run: the chart draws adapt/compression
+            # as written, labelled with the modes; its events are its markers
+            # and rows, and each switch shows in the series from its step on.
+            frame.select_option("#adapt-run", "comm")
+            frame.wait_for_selector('body[data-adapt-ready="comm"]')
+            ctag = "adapt/compression"
+            written = [(s, metadata.COMPRESSIONS[int(v)]) for s, v in sorted(
+                dict(_tfevents_scalars(run_logdir / "comm", ctag)[ctag]).items())]
+            chart = frame.locator('svg[data-chart="compression"]')
+            drawn, labels = _drawn_step_line(chart)
+            assert drawn == written and labels == ["none", "fp16"]
+            comm_events = _jsonl(run_logdir, "comm")
+            assert [(e["step"], e["after"]["compression"]) for e in comm_events] == sorted(
+                COMPRESSION_SWITCHES.items())
+            for e in comm_events:
+                assert [m for s, m in drawn if s < e["step"]][-1] == e["before"]["compression"]
+                assert [m for s, m in drawn if s >= e["step"]][0] == e["after"]["compression"]
+            markers = chart.locator(".adapt-marker")
+            assert [(int(markers.nth(i).get_attribute("data-step")), markers.nth(i).get_attribute(
+                "data-kind")) for i in range(markers.count())] == [
+                (e["step"], "communication") for e in comm_events]
+            assert rows.count() == len(comm_events)
+            for i, e in enumerate(comm_events):
+                cells = rows.nth(i).locator("td")
+                assert [cells.nth(j).inner_text() for j in range(5)] == [
+                    str(e["step"]), str(e["epoch"]), "communication", e["policy"], e["reason"]]
+                assert cells.nth(5).inner_text() == f"compression: {e['before']['compression']}"
+                assert cells.nth(6).inner_text() == f"compression: {e['after']['compression']}"
+            page.screenshot(path=os.path.join(ARTIFACTS, "adapt_tab_compression.png"), full_page=True)
 
             # Every kind in its own colour, the one the runs route gives (the
             # schema's), on the markers, in the table and in the legend; a kind

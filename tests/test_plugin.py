@@ -201,7 +201,7 @@ def test_runs_lists_only_runs_with_adapt_data(client):
     assert runs["newer_format"]["tags"] == ["adapt/gns"]
     assert body["kinds"] == list(metadata.EVENT_KINDS) == ["batch_size", "lr", "resize", "resume",
                                                         "sync_strategy", "straggler", "preemption",
-                                                        "checkpoint"]
+                                                        "checkpoint", "communication"]
     # One distinct colour per declared kind (the tab draws with these), and
     # a different one for any other kind.
     assert list(body["kind_colors"]) == body["kinds"]
@@ -215,6 +215,10 @@ def test_runs_lists_only_runs_with_adapt_data(client):
     assert body["sync_strategies"] == list(metadata.SYNC_STRATEGIES)
     assert {name: body["sync_strategies"][cls.index] for name, cls in STRATEGIES.items()} == {
         name: name for name in STRATEGIES}
+    # What adapt/compression holds, by the compression switch's index.
+    from keras_adapt.optimizer.compression_switch import MODES
+
+    assert body["compressions"] == list(metadata.COMPRESSIONS) == list(MODES) == ["none", "fp16"]
 
 
 def test_scalars_are_downsampled_keeping_first_last_and_extremes(loaded):

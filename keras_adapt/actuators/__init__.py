@@ -14,16 +14,19 @@ same way on every rank:
   target file that ``keras-adapt discover`` reads (rank 0 writes);
 * :class:`RankBatchSizes` -- a micro-batch per worker (straggler
   rebalance), the update still the mean gradient of the global batch;
+* :class:`GradientCompression` -- float32 or float16 gradients in the
+  allreduce (a ``tf.Variable`` under a ``tf.cond``: switching never retraces);
 * :class:`HostExclusion` -- hosts left out of the job, written to the
   exclusion file that ``keras-adapt discover`` reads (rank 0 writes).
 """
 
 from keras_adapt.actuators.batch_size import GlobalBatchSize
+from keras_adapt.actuators.compression import GradientCompression
 from keras_adapt.actuators.gradient_accumulation import GradientAccumulation
 from keras_adapt.actuators.host_exclusion import HostExclusion
 from keras_adapt.actuators.learning_rate import LearningRateScale
 from keras_adapt.actuators.rank_batch_sizes import RankBatchSizes
 from keras_adapt.actuators.workers import WorkerTarget
 
-__all__ = ["GlobalBatchSize", "GradientAccumulation", "HostExclusion", "LearningRateScale",
-           "RankBatchSizes", "WorkerTarget"]
+__all__ = ["GlobalBatchSize", "GradientAccumulation", "GradientCompression", "HostExclusion",
+           "LearningRateScale", "RankBatchSizes", "WorkerTarget"]

@@ -73,6 +73,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       at the first step of each ``fit``. A step line of these points tells
       which strategy ran each update. Not written for other optimizers
       (unless the logs hold it).
+    - ``compression``: once the optimizer's compression switch is enabled
+      (``CommunicationPolicy``, ``GradientCompression``), the index in
+      ``keras_adapt.record.metadata.COMPRESSIONS`` of what the gradients
+      travel as (``none``, ``fp16``), at every write.
     - ``adapt/step_time/rank_<i>``: each worker's mean step time over the
       interval. Every worker times its own steps (from one batch start to
       the next, the first step of a ``fit`` excluded because it includes
@@ -302,6 +306,10 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             # The strategy in use now: the host copy that sync.set() keeps,
             # so a hand switch without an event is recorded too.
             values["sync_strategy"] = float(optimizer.adapt_state.sync.strategy.index)
+            switch = optimizer.adapt_state.compression
+            if switch.enabled:
+                # what the next update sends (index in metadata.COMPRESSIONS)
+                values["compression"] = float(switch.index)
         values.setdefault("workers", float(self._size))
         # Micro-steps per update: the steps timed here are micro-steps.
         acc = optimizer.adapt_state.accumulation if is_distributed(optimizer) else None

@@ -1,5 +1,7 @@
 """The pure math of adaptation: no TensorFlow, Keras or Horovod.
 
+* :mod:`~keras_adapt.formulas.communication`: the share of a step the
+  gradients' transfer takes, and what float16 makes of it;
 * :mod:`~keras_adapt.formulas.goodput`: a sample's statistical efficiency
   at a batch and the goodput gain of a move (Pollux, McCandlish et al.);
 * :mod:`~keras_adapt.formulas.scaling_rules`: how the learning rate follows
@@ -23,6 +25,6 @@ Example:
 {}
 """
 
-from keras_adapt.formulas import goodput, scaling_rules, throughput
+from keras_adapt.formulas import communication, goodput, scaling_rules, throughput
 
-__all__ = ["goodput", "scaling_rules", "throughput"]
+__all__ = ["communication", "goodput", "scaling_rules", "throughput"]

@@ -15,6 +15,8 @@ The package follows one optimizer update:
   computed from with N >= 2 workers, N = 1, or N x k micro-steps;
 * :mod:`~keras_adapt.optimizer.batch_weighting` -- the batch-weighted
   mean when the workers' micro-batches differ (straggler rebalance);
+* :mod:`~keras_adapt.optimizer.compression_switch` -- float32 or float16
+  gradients, switched while training runs without a new trace;
 * :mod:`~keras_adapt.optimizer.accumulation`,
   :mod:`~keras_adapt.optimizer.lr_control` -- state that actuators change
   without retracing;
@@ -35,6 +37,7 @@ Example:
 from keras_adapt.optimizer.accumulation import AccumulationState, UpdateBoundary, enable_accumulation
 from keras_adapt.optimizer._bindings import distributed_class
 from keras_adapt.optimizer.batch_weighting import BatchWeighting
+from keras_adapt.optimizer.compression_switch import CompressionSwitch
 from keras_adapt.optimizer.factory import (
     DistributedOptimizer,
     distributed_class_like,
@@ -58,6 +61,7 @@ __all__ = [
     "AdaptSettings",
     "AdaptState",
     "BatchWeighting",
+    "CompressionSwitch",
     "DistributedOptimizer",
     "LearningRateControl",
     "PreviousGradient",

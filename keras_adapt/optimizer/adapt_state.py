@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_adapt import _hvd
 from keras_adapt.monitors.worker_timing import CollectiveTiming
 from keras_adapt.optimizer.batch_weighting import BatchWeighting
+from keras_adapt.optimizer.compression_switch import CompressionSwitch
 
 
 class AdaptState:
@@ -46,6 +47,10 @@ class AdaptState:
         batch_weighting: the :class:`~keras_adapt.optimizer.BatchWeighting`
             that makes the update the global-batch mean gradient when the
             workers' micro-batches differ, once ``RankBatchSizes`` enabled it.
+        compression: the :class:`~keras_adapt.optimizer.CompressionSwitch`
+            that sends the gradients as float32 or float16, switched without
+            a new trace once ``CommunicationPolicy`` enabled it (the same
+            object as ``reduction.switch``).
 
     Example:
 
@@ -75,14 +80,18 @@ class AdaptState:
         self.timing = CollectiveTiming()
         self.reduction.timing = self.timing
         self.batch_weighting = BatchWeighting()
+        self.compression = CompressionSwitch()
+        if self.reduction.sends_fp16:
+            self.compression.set("fp16")
+        self.reduction.switch = self.compression
 
 
     def checkpoint_variables(self):
         """keras-adapt's variables that a restarted run needs to continue as
         this one would, by a stable name: the statistics, the skip and update
         counts, the accumulation steps and count, the learning-rate factor
-        and progress, and the synchronisation strategy's index, count and
-        parameters. Left out: what is made at the first trace (accumulated
+        and progress, the compression in use once its switch is enabled,
+        and the synchronisation strategy's index, count and parameters. Left out: what is made at the first trace (accumulated
         gradients, the one-worker previous gradient, the strategies' extra
         models) and the collectives' timing. Take it at an update boundary
         (no micro-step accumulated), where the accumulators are zero.
@@ -110,6 +119,8 @@ class AdaptState:
         sync = self.sync
         out.update(sync_index=sync.index, sync_count=sync.count,
                    sync_measure_ready=sync.measure_ready, sync_measure_waiting=sync.measure_waiting)
+        if self.compression.enabled:
+            out["compression_fp16"] = self.compression.fp16
         for name, variable in sync.variables.items():
             out[f"sync_{name}"] = variable
         return out

@@ -21,6 +21,7 @@ from keras_adapt.formulas.scaling_rules import (
 )
 from keras_adapt.policies.base import AdaptationPolicy
 from keras_adapt.policies.batch_size_policy import BatchSizePolicy
+from keras_adapt.policies.communication import CommunicationPolicy
 from keras_adapt.policies.gns_batch_size import GNSBatchSizePolicy
 from keras_adapt.policies.goodput_batch_size import GoodputBatchSizePolicy, GoodputChoice
 from keras_adapt.policies.lr_scaling import LRScalingPolicy
@@ -40,6 +41,7 @@ __all__ = [
     "AdaScale",
     "AdaptationPolicy",
     "BatchSizePolicy",
+    "CommunicationPolicy",
     "GNSBatchSizePolicy",
     "GNSWorkerScalingPolicy",
     "GoodputBatchSizePolicy",

@@ -67,7 +67,7 @@ TAG_PREFIX = "adapt/"
 SCALAR_TAGS = {
     key: TAG_PREFIX + key
     for key in ("gns", "batch_size", "lr", "workers", "throughput",
-                "grad_sqr", "grad_var", "grad_snr", "sync_strategy",
+                "grad_sqr", "grad_var", "grad_snr", "sync_strategy", "compression",
                 "step_time", "comm_fraction", "samples", "progress")
 }
 #: Per-worker times of a step, in seconds (``WorkerTimingMonitor``): the
@@ -97,13 +97,13 @@ EVENTS_FILENAME = "adapt_events.jsonl"
 #: The kinds that keras-adapt emits today. A kind is declared here when
 #: code starts emitting it; readers show any other kind as "unknown".
 EVENT_KINDS = ("batch_size", "lr", "resize", "resume", "sync_strategy", "straggler",
-               "preemption", "checkpoint")
+               "preemption", "checkpoint", "communication")
 #: The colour of each declared kind's markers, in the Adapt tab (its runs
 #: route serves them) and in the report; every kind of :data:`EVENT_KINDS`
 #: has one.
 EVENT_COLORS = {"batch_size": "#1f77b4", "lr": "#ff7f0e", "resize": "#2ca02c",
                 "resume": "#bcbd22", "sync_strategy": "#17becf", "straggler": "#d62728",
-                "preemption": "#9467bd", "checkpoint": "#8c564b"}
+                "preemption": "#9467bd", "checkpoint": "#8c564b", "communication": "#e377c2"}
 #: The colour of any other kind (written by a newer keras-adapt).
 UNKNOWN_EVENT_COLOR = "#7f7f7f"
 #: The synchronisation strategies by the value of the strategy variable
@@ -111,6 +111,10 @@ UNKNOWN_EVENT_COLOR = "#7f7f7f"
 #: of the strategy in use, and readers label it with these names.
 SYNC_STRATEGIES = ("allreduce_sgd", "model_averaging", "local_sgd", "block_momentum",
                    "elastic_averaging")
+#: What the gradients travel as, by the value of the compression switch
+#: (``optimizer.adapt_state.compression``): the ``adapt/compression`` series
+#: holds the index, and readers label it with these names.
+COMPRESSIONS = ("none", "fp16")
 EVENT_FIELDS = ("step", "epoch", "wall_time", "kind", "rank",
                 "policy", "reason", "before", "after")
 

@@ -349,3 +349,29 @@ def shows_sync_strategy(points, events):
         return False
     plain = metadata.SYNC_STRATEGIES.index("allreduce_sgd")
     return any(v != plain for v in values) or any(e.get("kind") == "sync_strategy" for e in events)
+
+
+def shows_compression(points, events):
+    """Whether a run gets a "compression" chart: the Adapt tab's rule.
+
+    ``points`` are the run's ``adapt/compression`` points ``(step,
+    wall_time, value)`` (written once a ``CommunicationPolicy`` or a
+    ``GradientCompression`` enabled the switch), ``events`` its event
+    records. A chart needs the series, and tells something only when float16
+    was in use or the run recorded a ``communication`` event. (The tab's
+    ``static/index.js`` applies the same rule to the same data.)
+
+    Example:
+
+    >>> from keras_adapt.record.reader import shows_compression
+    >>> none = [(0, 0.0, 0.0), (10, 0.0, 0.0)]
+    >>> shows_compression(none, []), shows_compression(none + [(20, 0.0, 1.0)], [])
+    (False, True)
+    >>> shows_compression(none, [{"kind": "communication"}]), shows_compression([], [{"kind": "communication"}])
+    (True, False)
+    """
+    values = [v for _, _, v in points if v is not None]
+    if not values:
+        return False
+    plain = metadata.COMPRESSIONS.index("none")
+    return any(v != plain for v in values) or any(e.get("kind") == "communication" for e in events)

@@ -4,7 +4,8 @@ Routes (under ``/data/plugin/adapt/``):
 
 ``runs``
     ``{"runs": [{"run", "tags", "events"}], "kinds": [...], "kind_colors": {...},
-    "unknown_color": "#...", "sync_strategies": [...]}``
+    "unknown_color": "#...", "sync_strategies": [...],
+    "compressions": [...]}``
     -- every run with adapt data, the known event kinds and their colours, and the
     synchronisation strategies' names by the index that the
     ``adapt/sync_strategy`` series holds (:data:`metadata.SYNC_STRATEGIES`).
@@ -139,7 +140,8 @@ class AdaptPlugin(base_plugin.TBPlugin):
         return _json(request, {"runs": runs, "kinds": list(metadata.EVENT_KINDS),
                                "kind_colors": dict(metadata.EVENT_COLORS),
                                "unknown_color": metadata.UNKNOWN_EVENT_COLOR,
-                               "sync_strategies": list(metadata.SYNC_STRATEGIES)})
+                               "sync_strategies": list(metadata.SYNC_STRATEGIES),
+                               "compressions": list(metadata.COMPRESSIONS)})
 
     @wrappers.Request.application
     def _serve_scalars(self, request):

@@ -336,6 +336,21 @@ function syncStrategyChart(data, events, names) {
           series: [{name: 'strategy in use', color: '#37474f', step: true, points}]};
 }
 
+// The "Gradient compression" chart, or null when it would tell nothing: the
+// run needs the adapt/compression series, and fp16 in it or a communication
+// event. The same rule as keras_adapt.record.reader.shows_compression.
+// `names` are the modes by index, from the server (metadata.COMPRESSIONS).
+function compressionChart(data, events, names) {
+  const points = (data.series[TAG('compression')] || []).filter((p) => Number.isFinite(p[2]));
+  if (!points.length) return null;
+  const plain = names.indexOf('none');
+  if (!points.some((p) => p[2] !== plain) && !events.some((e) => e.kind === 'communication')) return null;
+  const name = (i) => (i >= 0 && i < names.length ? names[i] : `unknown (${i})`);
+  const used = [...new Set(points.map((p) => Math.round(p[2])))].sort((a, b) => a - b);
+  return {id: 'compression', title: 'Gradient compression', categories: used.map((i) => [i, name(i)]),
+          series: [{name: 'gradients sent as', color: '#ad1457', step: true, points}]};
+}
+
 async function showRun(run, ui) {
   hideTooltip();  // its marker is about to be replaced, with no mouseleave
   ui.status.textContent = 'loading…';
@@ -395,6 +410,8 @@ async function showRun(run, ui) {
   }
   const sync = syncStrategyChart(data, events, ui.syncStrategies);
   if (sync) charts.push(sync);
+  const compression = compressionChart(data, events, ui.compressions);
+  if (compression) charts.push(compression);
   for (const [metric, title] of SYSTEM_CHARTS) {
     const tags = Object.keys(data.series)
       .filter((t) => t.startsWith(SYSTEM_PREFIX) && t.endsWith('/' + metric))
@@ -471,7 +488,8 @@ export async function render() {
   table.appendChild(el('tbody'));
 
   for (const node of [bar, errors, legend, charts, eventsHeader, table, tooltip]) document.body.appendChild(node);
-  const ui = {select, status, errors, legend, charts, kind, table, events: [], syncStrategies: []};
+  const ui = {select, status, errors, legend, charts, kind, table, events: [], syncStrategies: [],
+              compressions: []};
 
   kind.addEventListener('change', () => renderTable(table, ui.events, kind.value));
   select.addEventListener('change', () => showRun(select.value, ui));
@@ -485,6 +503,7 @@ export async function render() {
       return;
     }
     ui.syncStrategies = listing.sync_strategies || [];
+    ui.compressions = listing.compressions || [];
     kindColors = listing.kind_colors || {};
     unknownColor = listing.unknown_color || unknownColor;
     const previous = select.value;
