@@ -103,17 +103,19 @@ docs: setup-primary
 # the shorter; the emulated hosts stay in the primary lane (one set at a time).
 LANE_SHARED := tests/test_preemption.py tests/test_examples.py tests/test_plan.py tests/test_doc_blocks.py
 PREFIX := bash tools/prefix_output.sh
+# The slowest tests of each lane, printed at its end: where make test's time goes.
+DURATIONS := --durations=15
 
 test: setup
 	$(MAKE) -j2 test-lane-primary test-lane-legacy
 
 test-lane-primary: setup-primary
-	$(PREFIX) primary $(VENV)/bin/python -m pytest tests \
+	$(PREFIX) primary $(VENV)/bin/python -m pytest tests $(DURATIONS) \
 		$(addprefix --ignore=,$(LANE_SHARED))
 
 test-lane-legacy: setup-primary setup-legacy
-	$(PREFIX) legacy+ $(VENV2)/bin/python -m pytest tests -m "not primary_only"
-	$(PREFIX) legacy+ $(VENV)/bin/python -m pytest $(LANE_SHARED)
+	$(PREFIX) legacy+ $(VENV2)/bin/python -m pytest tests -m "not primary_only" $(DURATIONS)
+	$(PREFIX) legacy+ $(VENV)/bin/python -m pytest $(LANE_SHARED) $(DURATIONS)
 	$(PREFIX) legacy+ bash tools/check_install.sh $(VENV) --user-env
 	$(PREFIX) legacy+ bash tools/check_install.sh $(VENV2)
 

@@ -344,11 +344,8 @@ def shows_sync_strategy(points, events):
     >>> shows_sync_strategy(plain, [{"kind": "sync_strategy"}]), shows_sync_strategy([], [{"kind": "sync_strategy"}])
     (True, False)
     """
-    values = [v for _, _, v in points if v is not None]
-    if not values:
-        return False
-    plain = metadata.SYNC_STRATEGIES.index("allreduce_sgd")
-    return any(v != plain for v in values) or any(e.get("kind") == "sync_strategy" for e in events)
+    return _shows_choices(points, events, metadata.SYNC_STRATEGIES.index("allreduce_sgd"),
+                          "sync_strategy")
 
 
 def shows_compression(points, events):
@@ -370,8 +367,13 @@ def shows_compression(points, events):
     >>> shows_compression(none, [{"kind": "communication"}]), shows_compression([], [{"kind": "communication"}])
     (True, False)
     """
+    return _shows_choices(points, events, metadata.COMPRESSIONS.index("none"), "communication")
+
+
+def _shows_choices(points, events, plain, kind):
+    """A chart of a series of choices tells something when a value other
+    than ``plain`` is in it or an event of ``kind`` happened (it needs points)."""
     values = [v for _, _, v in points if v is not None]
     if not values:
         return False
-    plain = metadata.COMPRESSIONS.index("none")
-    return any(v != plain for v in values) or any(e.get("kind") == "communication" for e in events)
+    return any(v != plain for v in values) or any(e.get("kind") == kind for e in events)

@@ -320,35 +320,35 @@ function seriesOf(data, key, name, color, step = false) {
   return {name, color, step, points: data.series[TAG(key)] || []};
 }
 
-// The "Sync strategy" chart, or null when it would tell nothing: the run
-// needs the adapt/sync_strategy series, and some strategy other than
-// allreduce_sgd in it or a sync_strategy event (a plain synchronous-SGD run
-// gets no chart). The same rule as keras_adapt.record.reader.shows_sync_strategy.
-// `names` are the strategies by index, from the server (metadata.SYNC_STRATEGIES).
-function syncStrategyChart(data, events, names) {
-  const points = (data.series[TAG('sync_strategy')] || []).filter((p) => Number.isFinite(p[2]));
+// A step chart of a series of choices (indices into `names`, from the
+// server), or null when it would tell nothing: it needs points, and some
+// choice other than `plain` in them or an event of `kind`. The same rule as
+// keras_adapt.record.reader's shows_sync_strategy and shows_compression.
+function choicesChart(data, events, {key, names, plain, kind, title, seriesName, color}) {
+  const points = (data.series[TAG(key)] || []).filter((p) => Number.isFinite(p[2]));
   if (!points.length) return null;
-  const plain = names.indexOf('allreduce_sgd');
-  if (!points.some((p) => p[2] !== plain) && !events.some((e) => e.kind === 'sync_strategy')) return null;
+  const base = names.indexOf(plain);
+  if (!points.some((p) => p[2] !== base) && !events.some((e) => e.kind === kind)) return null;
   const name = (i) => (i >= 0 && i < names.length ? names[i] : `unknown (${i})`);
   const used = [...new Set(points.map((p) => Math.round(p[2])))].sort((a, b) => a - b);
-  return {id: 'sync_strategy', title: 'Sync strategy', categories: used.map((i) => [i, name(i)]),
-          series: [{name: 'strategy in use', color: '#37474f', step: true, points}]};
+  return {id: key, title, categories: used.map((i) => [i, name(i)]),
+          series: [{name: seriesName, color, step: true, points}]};
 }
 
-// The "Gradient compression" chart, or null when it would tell nothing: the
-// run needs the adapt/compression series, and fp16 in it or a communication
-// event. The same rule as keras_adapt.record.reader.shows_compression.
-// `names` are the modes by index, from the server (metadata.COMPRESSIONS).
+// The "Sync strategy" chart (metadata.SYNC_STRATEGIES): a plain
+// synchronous-SGD run gets none.
+function syncStrategyChart(data, events, names) {
+  return choicesChart(data, events, {key: 'sync_strategy', names, plain: 'allreduce_sgd',
+                                     kind: 'sync_strategy', title: 'Sync strategy',
+                                     seriesName: 'strategy in use', color: '#37474f'});
+}
+
+// The "Gradient compression" chart (metadata.COMPRESSIONS): a run that never
+// sent float16 and recorded no communication event gets none.
 function compressionChart(data, events, names) {
-  const points = (data.series[TAG('compression')] || []).filter((p) => Number.isFinite(p[2]));
-  if (!points.length) return null;
-  const plain = names.indexOf('none');
-  if (!points.some((p) => p[2] !== plain) && !events.some((e) => e.kind === 'communication')) return null;
-  const name = (i) => (i >= 0 && i < names.length ? names[i] : `unknown (${i})`);
-  const used = [...new Set(points.map((p) => Math.round(p[2])))].sort((a, b) => a - b);
-  return {id: 'compression', title: 'Gradient compression', categories: used.map((i) => [i, name(i)]),
-          series: [{name: 'gradients sent as', color: '#ad1457', step: true, points}]};
+  return choicesChart(data, events, {key: 'compression', names, plain: 'none',
+                                     kind: 'communication', title: 'Gradient compression',
+                                     seriesName: 'gradients sent as', color: '#ad1457'});
 }
 
 async function showRun(run, ui) {
