@@ -58,7 +58,7 @@ def test_the_switch_changes_what_travels_without_a_retrace(results):
     assert modes == ["none"] * 3 + ["fp16"] * 3 + ["none"] * 4
     traces = r0["switch"]["traces"]  # the model's traces so far, after each step
     assert traces == [traces[0]] * len(modes), traces  # none after the first step's
-    assert r0["switch"]["checkpointed"]
+    assert r0["switch"]["saved_state"] == "none"  # what a checkpoint saves after step 6
     weights = np.asarray(r0["switch"]["weights"], dtype=np.float64)
     for step, mode in enumerate(modes):
         applied = (weights[step] - weights[step + 1]) / LR
@@ -160,3 +160,39 @@ def test_bad_thresholds_are_refused_with_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as err:
         CommunicationPolicy(WorkerTimingMonitor(interval=5), **kwargs)
     assert "e.g." in str(err.value) or "use" in str(err.value)
+
+
+def test_a_checkpoint_restores_the_compression_whatever_the_callbacks_order(tmp_path):
+    import keras
+
+    import keras_adapt
+    from keras_adapt.actuators import GradientCompression
+    from keras_adapt.checkpointing import CheckpointFiles
+
+    def model():
+        m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        m.compile(keras_adapt.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+        return m
+
+    saved = model()
+    files = CheckpointFiles(str(tmp_path))
+    files.attach(saved)  # before the switch is enabled, as a checkpoint callback listed first
+    GradientCompression(saved).set("fp16")
+    files.write(1, 0)
+    # a new run: the checkpoint is loaded before any policy enabled the switch
+    resumed = model()
+    again = CheckpointFiles(str(tmp_path))
+    again.attach(resumed)
+    again.load(*again.latest())
+    switch = resumed.optimizer.adapt_state.compression
+    assert switch.enabled and switch.mode == "fp16" and resumed.train_function is None
+    # a run without the switch saves None, which leaves a resumed one alone
+    plain = model()
+    files = CheckpointFiles(str(tmp_path / "plain"))
+    files.attach(plain)
+    files.write(1, 0)
+    fresh = model()
+    files = CheckpointFiles(str(tmp_path / "plain"))
+    files.attach(fresh)
+    files.load(*files.latest())
+    assert not fresh.optimizer.adapt_state.compression.enabled

@@ -8,6 +8,7 @@ import warnings
 import tensorflow as tf
 
 from keras_adapt import _hvd
+from keras_adapt._train_step import drop_train_function
 from keras_adapt.checks import check_int
 from keras_adapt.optimizer import build_slots
 
@@ -21,7 +22,8 @@ class CheckpointFiles:
     (slots, ``iterations``), keras-adapt's state
     (``optimizer.adapt_state.checkpoint_variables()``), the epoch and the
     step within it, and a JSON ``meta`` (:meth:`read_meta`): that position,
-    the optimizer step, the worker count, the synchronisation strategy
+    the optimizer step, the worker count, the gradients' compression (once
+    its switch is enabled), the synchronisation strategy
     chosen, the data position of an
     :class:`~keras_adapt.data.AdaptiveBatchDataset` and the ``get_state()``
     of the policies. It is written atomically: the data and index files
@@ -187,6 +189,7 @@ class CheckpointFiles:
             "epoch": int(epoch), "step_in_epoch": int(step_in_epoch),
             "step": _step(self._model), "workers": _hvd.size(), "wall_time": time.time(),
             "sync": optimizer.adapt_state.sync.get_state(),
+            "compression": optimizer.adapt_state.compression.get_state(),
             "data": None if dataset is None else dataset.get_state(),
             "policies": [{"class": type(p).__name__, "state": p.get_state()} for p in policies],
         }))
@@ -223,6 +226,8 @@ class CheckpointFiles:
         optimizer = model.optimizer
         # The choice first (its variables are then overwritten by the saved ones).
         optimizer.adapt_state.sync.set_state(meta["sync"])
+        if optimizer.adapt_state.compression.set_state(meta.get("compression")):
+            drop_train_function(model, "restoring the gradients' compression")  # both reductions
         build_slots(optimizer, model.trainable_variables)
         try:
             self._checkpoint.restore(path).assert_existing_objects_matched()

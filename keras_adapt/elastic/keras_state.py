@@ -221,6 +221,7 @@ class KerasState(ObjectState):
             control = adapt_state.lr_control
             self.adapt["lr_control/use_progress"] = (None if control is None
                                                      else control.use_progress)
+            self.adapt["compression/state"] = adapt_state.compression.get_state()
             self.sync_choice = adapt_state.sync.get_state()
         self.data_state = None if self.dataset is None else self.dataset.get_state()
         self.policy_states = [p.get_state() for p in self.policies]
@@ -250,6 +251,8 @@ class KerasState(ObjectState):
         if "accumulation_steps" in self.adapt and adapt_state.accumulation is None:
             _optimizer.enable_accumulation(self.optimizer, int(self.adapt["accumulation_steps"]))
             self.model.train_function = None
+        if adapt_state.compression.set_state(self.adapt.get("compression/state")):
+            self.model.train_function = None  # the same reductions as the other workers
         local = adapt_state.checkpoint_variables()
         for key, value in self.adapt.items():
             if key in local:

@@ -90,10 +90,12 @@ class AdaptState:
         """keras-adapt's variables that a restarted run needs to continue as
         this one would, by a stable name: the statistics, the skip and update
         counts, the accumulation steps and count, the learning-rate factor
-        and progress, the compression in use once its switch is enabled,
-        and the synchronisation strategy's index, count and parameters. Left out: what is made at the first trace (accumulated
+        and progress, and the synchronisation strategy's index, count and
+        parameters. Left out: what is made at the first trace (accumulated
         gradients, the one-worker previous gradient, the strategies' extra
-        models) and the collectives' timing. Take it at an update boundary
+        models), the collectives' timing and the compression in use (its
+        switch may be enabled after this list is taken: the callers save
+        :meth:`CompressionSwitch.get_state` beside it). Take it at an update boundary
         (no micro-step accumulated), where the accumulators are zero.
 
         Example:
@@ -119,8 +121,6 @@ class AdaptState:
         sync = self.sync
         out.update(sync_index=sync.index, sync_count=sync.count,
                    sync_measure_ready=sync.measure_ready, sync_measure_waiting=sync.measure_waiting)
-        if self.compression.enabled:
-            out["compression_fp16"] = self.compression.fp16
         for name, variable in sync.variables.items():
             out[f"sync_{name}"] = variable
         return out

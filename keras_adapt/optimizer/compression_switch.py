@@ -56,6 +56,33 @@ class CompressionSwitch(TracedOption):
         """``"none"`` or ``"fp16"``: what the next update sends (a host read)."""
         return MODES[self.index]
 
+    def get_state(self):
+        """The mode while enabled, else None: what a checkpoint or an elastic
+        commit saves beside the checkpoint variables."""
+        return self.mode if self.enabled else None
+
+    def set_state(self, state):
+        """Applies :meth:`get_state` output; True when that enabled the
+        switch (a train function traced before must then be traced again).
+        A worker that joins or resumes must trace the same reductions as the
+        others, so a saved mode enables the switch.
+
+        Example:
+
+        >>> from keras_adapt.optimizer import CompressionSwitch
+        >>> saved = CompressionSwitch(); saved.enable(); saved.set("fp16")
+        True
+        True
+        >>> switch = CompressionSwitch()
+        >>> switch.set_state(saved.get_state()), switch.mode, switch.set_state(None)
+        (True, 'fp16', False)
+        """
+        if state is None:
+            return False
+        enabled = self.enable()
+        self.set(state)
+        return enabled
+
     def set(self, mode):
         """Sends the gradients as ``mode`` (one of :data:`MODES`) from the next
         update on; True if that changed anything."""

@@ -88,8 +88,7 @@ model.fit(np.tile(x, (STEPS, 1)), np.tile(y, (STEPS, 1)), batch_size=BATCH, epoc
           shuffle=False, verbose=0, callbacks=[switch])
 results["switch"] = {"modes": switch.modes, "weights": switch.weights,
                      "traces": switch.traces,
-                     "checkpointed": "compression_fp16" in
-                     model.optimizer.adapt_state.checkpoint_variables()}
+                     "saved_state": model.optimizer.adapt_state.compression.get_state()}
 
 # -- policy ------------------------------------------------------------------
 model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(1, kernel_initializer="zeros")])
