@@ -852,7 +852,7 @@ def test_sync_strategy_state_commits_restores_and_rejoins_after_a_sync():
     sync = model.optimizer.adapt_state.sync
     # KerasState commits exactly the list PreemptionCheckpoint writes.
     assert set(state.adapt) == set(model.optimizer.adapt_state.checkpoint_variables()) | {
-        "lr_control/use_progress"}
+        "lr_control/use_progress", "compression/state"}
     model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=2, verbose=0)
     sync.set("local_sgd", period=5)           # a SyncStrategyPolicy's switch
     model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=4, verbose=0)
@@ -890,6 +890,30 @@ def test_sync_strategy_state_commits_restores_and_rejoins_after_a_sync():
         np.testing.assert_allclose(now, np.array(g) + 0.5 * velocity, atol=1e-6)
         assert np.abs(velocity).max() < 1.0   # not the stale +7
     assert keras_adapt.optimizer.effective_learning_rate(model.optimizer) == pytest.approx(0.05)
+
+
+def test_the_compression_is_committed_and_restored():
+    from keras_adapt import elastic
+    from keras_adapt.actuators import GradientCompression
+
+    x, y = _data(40)
+    model = _model()
+    compression = GradientCompression(model)
+    state = elastic.KerasState(model)
+    assert state.adapt["compression/state"] == "none"
+    compression.set("fp16")
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=2, verbose=0)
+    state.save()
+    assert state.adapt["compression/state"] == "fp16"
+    compression.set("none")
+    model.fit(x, y, batch_size=10, epochs=1, steps_per_epoch=1, verbose=0)
+    state.restore()
+    assert compression.mode == "fp16"
+    # a committed state without the switch (None) leaves it alone
+    plain = elastic.KerasState(_model())
+    assert plain.adapt["compression/state"] is None
+    plain.restore()
+    assert not plain.model.optimizer.adapt_state.compression.enabled
 
 
 def test_dataset_reshard_keeps_the_global_position():
