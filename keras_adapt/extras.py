@@ -9,6 +9,7 @@ extra          installs                                    for
 tensorboard    tensorboard                                 ``AdaptTensorBoard``, the Adapt tab
 report         matplotlib, tensorboard                     ``keras-adapt report``, ``plan``
 system         psutil, nvidia-ml-py                        ``SystemMonitor`` (GPUs via NVML)
+async          pyzmq                                       ``PairAveraging`` (its transport)
 examples       scikit-learn, tensorboard                   ``examples/``
 test           pytest, pytest-timeout, playwright, ...     the test suite
 =============  ==========================================  =====================================
@@ -37,12 +38,13 @@ EXTRAS = {
     "tensorboard": ("tensorboard",),
     "report": ("matplotlib", "tensorboard"),
     "system": ("psutil", "nvidia-ml-py"),
+    "async": ("pyzmq",),
     "examples": ("scikit-learn", "tensorboard"),
     "test": ("pytest", "pytest-timeout", "playwright"),
 }
 
 #: module -> the distribution that provides it, where the names differ.
-_DISTRIBUTIONS = {"sklearn": "scikit-learn", "pynvml": "nvidia-ml-py"}
+_DISTRIBUTIONS = {"sklearn": "scikit-learn", "pynvml": "nvidia-ml-py", "zmq": "pyzmq"}
 
 
 class ExtraImportError(ImportError):

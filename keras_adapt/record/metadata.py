@@ -110,7 +110,7 @@ UNKNOWN_EVENT_COLOR = "#7f7f7f"
 #: (``keras_adapt.sync``): the ``adapt/sync_strategy`` series holds the index
 #: of the strategy in use, and readers label it with these names.
 SYNC_STRATEGIES = ("allreduce_sgd", "model_averaging", "local_sgd", "block_momentum",
-                   "elastic_averaging")
+                   "elastic_averaging", "pair_averaging")
 #: What the gradients travel as, by the value of the compression switch
 #: (``optimizer.adapt_state.compression``): the ``adapt/compression`` series
 #: holds the index, and readers label it with these names.

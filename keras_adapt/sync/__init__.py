@@ -5,7 +5,8 @@
 * :class:`LocalSGD` -- local steps, models averaged every H updates
   (post-local SGD with ``start_after``);
 * :class:`BlockMomentum` -- BMUF, block-level momentum every H updates;
-* :class:`ElasticAveraging` -- synchronous EASGD with a centre variable.
+* :class:`ElasticAveraging` -- synchronous EASGD with a centre variable;
+* :class:`PairAveraging` -- asynchronous pair averaging (AD-PSGD), no barrier.
 
 Declare them with ``DistributedOptimizer(..., sync_strategy=...)`` and switch
 with ``optimizer.adapt_state.sync.set(...)`` (:class:`SyncState`), without
@@ -28,6 +29,8 @@ from keras_adapt.sync.block_momentum import BlockMomentum
 from keras_adapt.sync.elastic_averaging import ElasticAveraging
 from keras_adapt.sync.local_sgd import LocalSGD
 from keras_adapt.sync.model_averaging import ModelAveraging
+from keras_adapt.sync.pair_averaging import PairAveraging
+from keras_adapt.sync.peer_exchange import ExchangeRecord, PeerExchange
 from keras_adapt.sync.sync_state import STRATEGIES, SyncState, candidates_from
 
 __all__ = [
@@ -35,8 +38,11 @@ __all__ = [
     "AllReduceSGD",
     "BlockMomentum",
     "ElasticAveraging",
+    "ExchangeRecord",
     "LocalSGD",
     "ModelAveraging",
+    "PairAveraging",
+    "PeerExchange",
     "SyncContext",
     "SyncState",
     "SyncStrategy",

@@ -92,6 +92,8 @@ class SyncContext:
             rate (a float32 tensor).
         extra: the strategy's own state (BMUF's global model and block
             velocity, EASGD's centre), made at the first trace.
+        updates: the updates done under the strategy before this one (a tensor).
+        exchange: PairAveraging's transport (else None).
 
     Example:
 
@@ -102,8 +104,11 @@ class SyncContext:
     [[2.0]]
     """
 
-    def __init__(self, weights, variables, num_workers, learning_rate, extra, reduction=None):
+    def __init__(self, weights, variables, num_workers, learning_rate, extra, reduction=None,
+                 updates=None, exchange=None):
         self.weights = weights
+        self.updates = updates
+        self.exchange = exchange
         self.variables = variables
         self.num_workers = num_workers
         self.learning_rate = learning_rate

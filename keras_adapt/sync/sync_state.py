@@ -1,6 +1,7 @@
 """``SyncState``: the strategy in use and its parameters, in variables
 (``optimizer.adapt_state.sync``), and the one in-graph dispatch on them."""
 
+import numpy as np
 import tensorflow as tf
 
 from keras_adapt.sync.allreduce import AllReduceSGD
@@ -9,15 +10,17 @@ from keras_adapt.sync.block_momentum import BlockMomentum
 from keras_adapt.sync.elastic_averaging import ElasticAveraging
 from keras_adapt.sync.local_sgd import LocalSGD
 from keras_adapt.sync.model_averaging import ModelAveraging
+from keras_adapt.sync.pair_averaging import PairAveraging
+from keras_adapt.sync import peer_exchange
 
 #: The strategy classes, by name (``SyncState.set`` accepts a name).
 STRATEGIES = {cls.name: cls for cls in (AllReduceSGD, ModelAveraging, LocalSGD,
-                                        BlockMomentum, ElasticAveraging)}
+                                        BlockMomentum, ElasticAveraging, PairAveraging)}
 
 _PARAMETERS = {"period": (tf.int64, 1), "start_after": (tf.int64, 0),
                "alpha": (tf.float32, 0.0), "block_lr": (tf.float32, 0.0),
                "block_momentum": (tf.float32, 0.0), "nesterov": (tf.bool, False),
-               "rho": (tf.float32, 0.0)}
+               "rho": (tf.float32, 0.0), "max_staleness": (tf.float32, 0.0)}
 
 
 def candidates_from(sync_strategy):
@@ -119,6 +122,10 @@ class SyncState:
                                                 name=f"sync_{name}")
                               for name, (dtype, value) in _PARAMETERS.items()}
         self.extra = {}
+        #: PairAveraging's transport (:class:`~keras_adapt.sync.peer_exchange.PeerExchange`)
+        #: when it was declared, else None; its ``record`` says what it averaged.
+        self.exchange = (peer_exchange.PeerExchange() if PairAveraging in self.candidates
+                         else None)
         # What the first trace synchronises: the shared weights, the slots,
         # and the reduction of their mean (set by update()).
         self._synced = None
@@ -254,6 +261,8 @@ class SyncState:
     def _select(self, strategy, enter):
         for name, value in strategy.params().items():
             self.variables[name].assign(value)
+        if isinstance(strategy, PairAveraging):
+            self.exchange.max_staleness = strategy.max_staleness
         if enter:
             self.index.assign(strategy.index)
             self.count.assign(0)
@@ -268,15 +277,47 @@ class SyncState:
     def _enter(self, weights, slots, reduction):
         """Averages the weights and slots over the workers and restarts the
         strategies' own state from the average (BMUF: x_g = mean, v = 0;
-        EASGD: centre = mean). The one rule, run on the host by :meth:`set`
-        and in-graph by the first update; returns the assignments."""
+        EASGD: centre = mean), and (PairAveraging declared) the workers
+        exchange their endpoints and connect. The one rule, run on the host
+        by :meth:`set` and in-graph by the first update; returns the
+        assignments."""
         shared = list(weights) + list(slots)
         means = reduction.allreduce([tf.convert_to_tensor(v) for v in shared])
         ops = [v.assign(m) for v, m in zip(shared, means)]
+        if self.exchange is not None:
+            ops.append(self._connect_exchange(reduction))
         for name in ("global_model", "centre"):
             ops += [v.assign(m) for v, m in zip(self.extra.get(name, ()), means)]
         ops += [v.assign(tf.zeros_like(v)) for v in self.extra.get("block_velocity", ())]
         return ops
+
+    def _connect_exchange(self, reduction):
+        """The workers allgather their exchange endpoints (one small
+        collective) and connect to each other's."""
+        from keras_adapt import _hvd
+
+        exchange, width = self.exchange, peer_exchange.ENDPOINT_BYTES
+
+        def encode():
+            raw = exchange.endpoint().encode()
+            if len(raw) > width:
+                raise ValueError(f"PairAveraging: the endpoint {raw!r} is longer than "
+                                 f"{width} bytes; set {peer_exchange.ADDRESS_ENV} to a "
+                                 "shorter address")
+            return np.frombuffer(raw.ljust(width, b"\0"), dtype=np.uint8)
+
+        def connect(gathered, updates):
+            rows = gathered.reshape(-1, width)
+            # The rank now, not at the trace: an elastic re-form renumbers.
+            exchange.connect([bytes(r).rstrip(b"\0").decode() for r in rows],
+                             rank=_hvd.rank(), updates=int(updates))
+            return np.bool_(True)
+
+        own = tf.numpy_function(encode, [], tf.uint8, stateful=True, name="exchange_endpoint")
+        own.set_shape([width])
+        gathered = _hvd.allgather(own, name="exchange_endpoints")
+        return tf.numpy_function(connect, [gathered, self.count.read_value()],
+                                 tf.bool, stateful=True, name="exchange_connect")
 
     def synchronized_variables(self):
         """``(weights, slots)``: the shared model variables and the optimizer
@@ -299,6 +340,8 @@ class SyncState:
         and a due update measures (approximate statistics).
         """
         ready = self.measure_ready.read_value()
+        if PairAveraging in self.candidates:  # never measured: no collective
+            ready = ready & tf.not_equal(self.index.read_value(), PairAveraging.index)
         want = due | self.measure_waiting.read_value()
         with tf.control_dependencies([self.measure_waiting.assign(want & tf.logical_not(ready))]):
             return tf.identity(want & ready)
@@ -325,9 +368,9 @@ class SyncState:
         variables = dict(self.variables)
         mean_reduction = _mean_reduction(reduction)
         self._synced = (list(weights), list(slots), mean_reduction)
-        context = SyncContext(weights, variables, reduction.size(), learning_rate, self.extra,
-                              reduction=mean_reduction)
         count = self.count.read_value()
+        context = SyncContext(weights, variables, reduction.size(), learning_rate, self.extra,
+                              reduction=mean_reduction, updates=count, exchange=self.exchange)
         index = self.index.read_value()
 
         def enter():
