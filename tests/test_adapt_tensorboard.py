@@ -81,10 +81,10 @@ def test_writes_series_step_times_and_events(tmp_path, order):
                         callbacks=[before] + callbacks + [after])
     series, evs = read_run(log_dir)
 
-    # every series but those of WorkerTimingMonitor, a batch-size policy and
-    # the compression switch (none in this run)
+    # every series but those of WorkerTimingMonitor, a batch-size policy,
+    # the compression switch and PairAveraging (none in this run)
     assert set(series) == (set(T.values()) - {T["step_time"], T["comm_fraction"], T["samples"],
-                                              T["progress"], T["compression"]}
+                                              T["progress"], T["compression"], T["staleness"]}
                            | {metadata.step_time_tag(0)})
     # Every update_freq steps and at each epoch end (10 steps per epoch).
     assert sorted(values(series, T["gns"])) == [4, 8, 10, 12, 16, 20]

@@ -3,6 +3,8 @@ exchange's math, versions, staleness bound and faults in one process (two
 exchanges on loopback), and two real workers (horovodrun -np 2) that never
 wait for each other and survive a peer that vanishes."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,9 @@ import keras
 import keras_adapt
 from keras_adapt.sync import AllReduceSGD, PairAveraging, PeerExchange
 
+import tensorboard_loaders
 from conftest import horovodrun, load_rank_results
+from keras_adapt.record import reader
 
 
 def _pair(max_staleness=16.0):
@@ -111,20 +115,24 @@ def test_pair_averaging_arguments_and_declaration():
 # -- two workers --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("pair_averaging"))
-    horovodrun("pair_averaging_checks.py", ["--out", out], np=2, timeout=400)
-    return load_rank_results(out, 2)
+    out = tmp_path_factory.mktemp("pair_averaging")
+    horovodrun("pair_averaging_checks.py", ["--out", out, "--log_dir", out / "logs"], np=2,
+               timeout=400)
+    return load_rank_results(str(out), 2), out / "logs"
 
 
 def test_no_worker_waits_for_another(results):
     """Rank 1 stopped before its update 4 until rank 0 had finished all 24:
-    the job finished, so nothing after the entry waited for rank 1."""
+    the job finished, so nothing after the entry waited for rank 1 (nor
+    AdaptTensorBoard, which writes every 5 updates)."""
+    results, _ = results
     assert results[1]["waited_for_rank0"] and results[0]["heard_rank1"]
     assert [r["wait"]["updates"] for r in results] == [24, 24]
     assert results[0]["wait"]["record"]["averaged"] >= 1
 
 
 def test_each_exchange_is_the_mean_of_two_models_and_is_applied(results):
+    results, _ = results
     sent = {r["rank"]: {c["sent_version"]: c["own"] for c in r["wait"]["calls"]}
             for r in results}
     checked = 0
@@ -151,7 +159,34 @@ def test_each_exchange_is_the_mean_of_two_models_and_is_applied(results):
 
 
 def test_training_goes_on_when_the_peer_vanishes(results):
+    results, _ = results
     vanish = results[0]["vanish"]
     assert vanish["updates"] == 64 and vanish["saved_equal"]
     assert vanish["record"]["sent"] + vanish["record"]["dropped"] == 64
     assert "vanish" not in results[1]  # rank 1 left during the second fit
+
+
+def test_the_staleness_series_is_rank_0s_averagings_between_writes(results):
+    results, log_dir = results
+    parent, name = os.path.split(os.path.normpath(str(log_dir)))
+    provider, stop = tensorboard_loaders.provider("python", parent, expect_runs=[name])
+    try:
+        series = reader.read_series(provider, None, "", name)
+    finally:
+        stop()
+    wait = results[0]["wait"]
+    at = [c["updates"] for c in wait["calls"] if c["mixed"] is not None]
+    expected, previous = {}, 0
+    for step in (5, 10, 15, 20, 24):  # the writes: every 5 updates and the epoch end
+        window = [s for u, s in zip(at, wait["staleness"]) if previous < u <= step]
+        if window:
+            expected[step] = np.mean(window)
+        previous = step
+    got = {s: v for s, _, v in series["adapt/staleness"]}
+    assert expected and got.keys() == expected.keys()
+    for step, value in expected.items():
+        assert got[step] == pytest.approx(value, rel=1e-6)
+    assert [v for _, _, v in series["adapt/sync_strategy"]] == [
+        float(PairAveraging.index)] * len(series["adapt/sync_strategy"])
+    # only rank 0's own step time: gathering the others' would be a barrier
+    assert "adapt/step_time/rank_0" in series and "adapt/step_time/rank_1" not in series

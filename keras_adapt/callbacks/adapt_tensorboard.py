@@ -77,6 +77,12 @@ class AdaptTensorBoard(keras.callbacks.Callback):
       (``CommunicationPolicy``, ``GradientCompression``), the index in
       ``keras_adapt.record.metadata.COMPRESSIONS`` of what the gradients
       travel as (``none``, ``fp16``), at every write.
+    - ``staleness``: under ``PairAveraging``, the mean staleness (updates)
+      of the peer models rank 0 averaged with since the last write
+      (``optimizer.adapt_state.sync.exchange.record`` has every worker's
+      own). While it runs, the step times of the other workers are not
+      gathered (that collective would make every worker wait for the
+      slowest); rank 0's own is written.
     - ``adapt/step_time/rank_<i>``: each worker's mean step time over the
       interval. Every worker times its own steps (from one batch start to
       the next, the first step of a ``fit`` excluded because it includes
@@ -159,6 +165,7 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         self._sync_seen = None  # the strategy index at the last batch start
         self._sync_changes = []  # (optimizer step, index) seen, not yet written
         self._sync_written = None  # the last index written to the series
+        self._staleness_seen = 0  # PairAveraging's averagings already written
 
     # -- events ---------------------------------------------------------------
 
@@ -231,6 +238,12 @@ class AdaptTensorBoard(keras.callbacks.Callback):
 
     # -- writing ----------------------------------------------------------------
 
+    def _asynchronous(self):
+        # The strategy in use (the same on every rank at the same step) meets
+        # nobody: gathering the step times would make it wait for the slowest.
+        optimizer = self.model.optimizer
+        return is_distributed(optimizer) and optimizer.adapt_state.sync.asynchronous
+
     def _flush(self, completed, logs):
         if completed == self._last_flushed:
             return
@@ -238,7 +251,9 @@ class AdaptTensorBoard(keras.callbacks.Callback):
         durations, self._durations = self._durations, []
         mean_step = float(np.mean(durations)) if durations else float("nan")
         gathered = None
-        if self._gather_step_times:
+        if self._gather_step_times and self._asynchronous():
+            gathered = np.asarray([mean_step])  # this worker's own (rank 0's where written)
+        elif self._gather_step_times:
             local = tf.constant([mean_step], dtype=tf.float64)
             gathered = np.asarray(_hvd.allgather(local, name="keras_adapt_step_times"))
         if self._writer is None:
@@ -306,6 +321,12 @@ class AdaptTensorBoard(keras.callbacks.Callback):
             # The strategy in use now: the host copy that sync.set() keeps,
             # so a hand switch without an event is recorded too.
             values["sync_strategy"] = float(optimizer.adapt_state.sync.strategy.index)
+            exchange = optimizer.adapt_state.sync.exchange
+            if exchange is not None:
+                recent = exchange.record.staleness[self._staleness_seen:]
+                self._staleness_seen += len(recent)
+                if recent:  # this worker's averagings since the last write
+                    values["staleness"] = float(np.mean(recent))
             switch = optimizer.adapt_state.compression
             if switch.enabled:
                 # what the next update sends (index in metadata.COMPRESSIONS)

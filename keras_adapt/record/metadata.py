@@ -67,7 +67,7 @@ TAG_PREFIX = "adapt/"
 SCALAR_TAGS = {
     key: TAG_PREFIX + key
     for key in ("gns", "batch_size", "lr", "workers", "throughput",
-                "grad_sqr", "grad_var", "grad_snr", "sync_strategy", "compression",
+                "grad_sqr", "grad_var", "grad_snr", "sync_strategy", "compression", "staleness",
                 "step_time", "comm_fraction", "samples", "progress")
 }
 #: Per-worker times of a step, in seconds (``WorkerTimingMonitor``): the

@@ -37,6 +37,9 @@ class SyncStrategy:
     #: Whether its synchronisation leaves every worker with the same model
     #: (LocalSGD, BMUF; not SMA or EASGD, which only pull the models together).
     agrees = True
+    #: Whether its updates never meet in a collective (PairAveraging): the
+    #: callbacks' own per-interval collectives are then skipped where they can be.
+    asynchronous = False
 
     def params(self):
         """The parameters, by name (the names of :class:`SyncState` variables)."""

@@ -47,8 +47,7 @@ class PairAveraging(SyncStrategy):
     name = "pair_averaging"
     index = metadata.SYNC_STRATEGIES.index(name)
     agrees = False
-    #: Its updates never join a collective (the statistics are not measured).
-    asynchronous = True
+    asynchronous = True  # the statistics are not measured: no collective
 
     def __init__(self, period=1, max_staleness=16.0):
         self.period = check_int("period", period, 1, owner="PairAveraging")

@@ -138,6 +138,21 @@ class SyncState:
         return self._strategy
 
     @property
+    def asynchronous(self):
+        """Whether the strategy in use never meets the other workers in a
+        collective (:class:`PairAveraging`): a callback that would gather
+        from every worker each interval skips that while it runs.
+
+        Example:
+
+        >>> from keras_adapt.sync import AllReduceSGD, PairAveraging, SyncState
+        >>> sync = SyncState([AllReduceSGD(), PairAveraging()])
+        >>> sync.asynchronous
+        False
+        """
+        return self._strategy.asynchronous
+
+    @property
     def has_local(self):
         """Whether a local strategy was declared (else the train step is the plain one)."""
         return any(s.local for s in self.candidates.values())

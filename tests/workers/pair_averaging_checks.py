@@ -4,7 +4,8 @@ PairAveraging (H = 1) on 2 workers, two fits:
   wait    24 updates each: rank 1 stops before its update 4 until rank 0 has
           finished all 24 (a file rank 0 writes after fit returns). Any
           collective after update 3 would hold rank 0 too and the job would
-          time out. Every exchange's own model, the model it returned and
+          time out (AdaptTensorBoard writes every 5 updates, gathering
+          nothing). Every exchange's own model, the model it returned and
           the weights after that update are kept.
   vanish  40 more: rank 1 leaves the job for good (os._exit) before its
           update 6; rank 0 trains on to the end, saves its model, and
@@ -21,10 +22,12 @@ import numpy as np
 
 import keras
 import keras_adapt
+from keras_adapt.callbacks import AdaptTensorBoard
 from keras_adapt.sync import PairAveraging
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
+parser.add_argument("--log_dir", required=True)
 args = parser.parse_args()
 rank, size = keras_adapt.rank(), keras_adapt.size()
 results = {"rank": rank, "size": size}
@@ -92,7 +95,7 @@ def save(name, value):
 
 
 model.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=24, shuffle=False, verbose=0,
-          callbacks=[Phase("wait")])
+          callbacks=[Phase("wait"), AdaptTensorBoard(args.log_dir, update_freq=5)])
 save("wait", {"updates": int(opt.adapt_state.updates.numpy()), "calls": calls,
               "record": exchange.record.summary(), "staleness": exchange.record.staleness,
               "peers": exchange.record.peers})
