@@ -271,6 +271,36 @@ def test_scale_down_then_up_rescales_the_learning_rate(tmp_path):
 # (commit, restore, sync) is run by the scale-down and resume tests and the
 # round trip of the state below.
 @pytest.mark.primary_only
+@pytest.mark.primary_only
+def test_pair_averaging_survives_a_killed_peer_and_averages_with_its_replacement(tmp_path):
+    """Asynchronous training (PairAveraging) and a SIGKILL of rank 1: rank 0
+    trains on without it until its next commit (its one collective), goes
+    back to the last commit and trains alone; when the host returns, the new
+    worker and rank 0 enter the strategy again together and average with
+    each other (models of the old pair are discarded). Nothing committed is
+    lost and every step runs."""
+    kill_after = 13
+    done, finals, _ = _job(tmp_path, "keep", [{"step": kill_after, "do": "kill", "rank": 1,
+                                               "await_return": True}],
+                           worker_args=["--sync", "pair_averaging:1", "--sleep", 0.1],
+                           launcher_args=["--blacklist-cooldown-range", 1, 2])
+    assert done.leftover == 0
+    assert [f["workers"] for f in finals] == [2, 2]
+    first, back = finals
+    for final in finals:
+        assert final["sync"]["strategy"] == "pair_averaging"
+        assert (final["epoch"], final["batch"]) == (EPOCHS, 0) and final["iterations"] == TOTAL
+        assert all(np.isfinite(w).all() for w in map(np.asarray, final["weights"]))
+    ids = _ids(first)
+    restart = next(i for i in range(1, len(ids)) if ids[i] <= ids[i - 1])
+    assert ids[:restart] == list(range(restart))
+    assert ids[restart:] == list(range(ids[restart], TOTAL))
+    assert 1 <= restart - ids[restart] <= COMMIT and ids[restart] % COMMIT == 0
+    # the newcomer averaged with rank 0's models: the two found each other
+    assert back["exchange"]["averaged"] >= 1 and back["exchange"]["received"] >= 1
+    assert first["exchange"]["averaged"] > back["exchange"]["averaged"]
+
+
 def test_killed_worker_the_other_continues_from_the_last_commit_and_its_host_comes_back(
         tmp_path, reference):
     """SIGKILL of rank 1 mid-epoch: Horovod blacklists its host, rank 0 goes

@@ -30,7 +30,8 @@ Actions (``--actions``, JSON list), each done once (a marker file in --out):
       ``"signal": "SIGINT"`` sends that one instead
 
 ``--sync local_sgd:H``: the optimizer runs LocalSGD with period H (its count
-and choice go across the resets). ``--adaptive-data``: the data is an
+and choice go across the resets); ``--sync pair_averaging:H``: PairAveraging
+(what its exchange did goes to the final JSON). ``--adaptive-data``: the data is an
 AdaptiveBatchDataset over the same global batches in order (unshuffled rows
 ``step_indices`` of every step) driven by a GlobalBatchSize, given to the
 state, which re-shards it on every reset; the rule acts through them.
@@ -79,7 +80,7 @@ from keras_adapt.actuators import GlobalBatchSize
 from keras_adapt.callbacks import GradientStatsMonitor, PreemptionCheckpoint
 from keras_adapt.data import AdaptiveBatchDataset
 from keras_adapt.policies import GoodputBatchSizePolicy, ResizePolicy
-from keras_adapt.sync import LocalSGD
+from keras_adapt.sync import LocalSGD, PairAveraging
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from hosts_heard import HostsHeard
 
@@ -101,7 +102,7 @@ parser.add_argument("--reference-workers", default="0:1",
                     help="with --reference: update:workers,... (the workers from each update on)")
 parser.add_argument("--request-workers", type=int, default=None)
 parser.add_argument("--request-at", type=int, default=None)
-parser.add_argument("--sync", default=None, help="local_sgd:H")
+parser.add_argument("--sync", default=None, help="local_sgd:H or pair_averaging:H")
 parser.add_argument("--adaptive-data", action="store_true")
 parser.add_argument("--goodput", action="store_true")
 parser.add_argument("--checkpoint", default=None)
@@ -137,8 +138,7 @@ def make_model(plain=False):
     sync = None
     if args.sync is not None:
         name, period = args.sync.split(":")
-        assert name == "local_sgd", args.sync
-        sync = LocalSGD(period=int(period))
+        sync = {"local_sgd": LocalSGD, "pair_averaging": PairAveraging}[name](period=int(period))
     model.compile(keras_adapt.DistributedOptimizer(keras.optimizers.Adam(args.lr),
                                                    sync_strategy=sync), "mse")
     return model
@@ -342,6 +342,8 @@ out = {"pid": os.getpid(), "host": socket.gethostname(), "rank": keras_adapt.ran
        "lr": state.lr, "batch_size": state.batch_size,
        "sync": {**model.optimizer.adapt_state.sync.get_state(),
                 "count": int(model.optimizer.adapt_state.sync.count.numpy())},
+       "exchange": (None if model.optimizer.adapt_state.sync.exchange is None
+                    else model.optimizer.adapt_state.sync.exchange.record.summary()),
        "data": None if dataset is None else {**dataset.get_state(), "changes": dataset.changes},
        "stats": {k: (v if isinstance(v, (int, float)) else None) for k, v in stats.items()},
        "throughput_model": None if policy is None else policy.throughput_model.get_state()}
