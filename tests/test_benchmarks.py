@@ -708,3 +708,29 @@ def test_time_to_accuracy_compares_the_policies_with_stored_fixed_runs():
     refused = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "gns",
                             "--set", "digits.passes=2", "--fixed-from", raw, returncode=1)
     assert "task digits's settings differ (passes)" in refused.stderr
+
+
+@pytest.mark.primary_only
+def test_async_training_quick():
+    proc = run_benchmark("async_training", "--quick", "--rounds", "1", timeout=600)
+    (line,) = bench_lines(proc.stdout)
+    assert line["bench"] == "async_training" and line["slow"] == 1.5
+    configs = line["configs"]
+    assert list(configs) == ["ssgd", "local_sgd", "pair"]
+    share = int(1.5 * 2000 / 2)  # smoke mode: each worker's share of 1.5 passes of 2000
+    for name, run in configs.items():
+        assert 0.0 <= run["final"] <= 1.0
+        # each worker stopped at its first update past its share (batch 16)
+        assert run["updates"] == run["peer_updates"] == [-(-share // 16)], name
+        ssgd, this = configs["ssgd"]["wall_to_target"], run["wall_to_target"]
+        if ssgd and this:
+            assert run["speedup_vs_ssgd"] == pytest.approx(ssgd / this, rel=1e-2)
+        assert run["acc_delta_vs_ssgd"] == pytest.approx(
+            100 * (run["final"] - configs["ssgd"]["final"]), abs=0.01)
+    for key in ("exchange", "peer_exchange"):  # both ranks averaged, staleness reported
+        record = configs["pair"][key]
+        assert record["averaged"] >= 1 and record["staleness_max"] is not None
+        # one exchange per update (H = 1): each averaged or found nothing new
+        assert record["averaged"] + record["empty"] == configs["pair"]["updates"][0]
+    assert configs["ssgd"]["exchange"] is None
+    assert "pair averaging, rank 1 (last round): averaged" in proc.stdout
