@@ -19,11 +19,14 @@ weights:
 * ``pair``      ``PairAveraging(period=1)`` at its defaults.
 
 Rank 1 is made ``--slow`` (1.5) times slower: after each of its steps it
-sleeps (slow - 1) times that step's own duration. Each worker trains its
-share of the budget, ``passes`` (3) over the training set split between the
-two: ``passes * train / 2`` samples each, its LR x0.1 at 50% and 75% of its
-share. Under the collective strategies the two go in step and the slow one
-sets the pace; under PairAveraging rank 0 takes its steps at its own pace.
+sleeps (slow - 1) times that step's own duration. Every configuration gets
+the same sample budget, ``passes`` (3) over the training set, counted over
+both workers: each worker stops once the samples of both reach it, with the
+LR x0.1 at 50% and 75% of it. Under the collective strategies the two go in
+step (each trains half) and the slow one sets the pace; under PairAveraging
+each takes its steps at its own pace and counts the other's samples from
+the update counts in the models it receives
+(``ExchangeRecord.peer_updates``), so the fast one trains more of them.
 
 What it measures
 ----------------
@@ -32,8 +35,7 @@ on the test set every ``eval_every`` of its own samples, in its own process
 (no collective; the evaluation is not timed). ``wall_to_target`` is rank 0's
 training seconds (from its first update, tracing excluded) at the first
 evaluation where the mean of the last 3 reaches ``target`` (0.83, as in
-benchmarks/sync_strategies.py); ``final`` its accuracy at the end of its
-share. The configurations run in turn, in reversed order every other round
+benchmarks/sync_strategies.py); ``final`` its accuracy when it stops. The configurations run in turn, in reversed order every other round
 (``--rounds``, default 3); medians with [min, max]. ``speedup_vs_ssgd`` is
 S-SGD's median wall to target over the configuration's; ``acc_delta_vs_ssgd``
 its final minus S-SGD's, in points. For PairAveraging, rank 0's and rank 1's
@@ -89,6 +91,7 @@ def aggregate(runs):
                              round(max(r["final"] for r in rounds), 4)],
             "wall": round(_median([r["wall"] for r in rounds]), 3),
             "updates": [r["updates"] for r in rounds],
+            "samples": [r["samples"] for r in rounds],
             "peer_updates": [r["peer_updates"] for r in rounds],
             "exchange": rounds[-1]["exchange"], "peer_exchange": rounds[-1]["peer_exchange"],
         }
@@ -106,15 +109,16 @@ def report(result, elapsed):
     s = result["settings"]
     table = aggregate(result["runs"])
     print(f"\nasync training, teacher_student, stack={result['stack']} ({result['versions']}), "
-          f"2 workers, Gloo, rank 1 {s['slow']:g}x slow; each worker {s['passes'] / 2:g} passes "
-          f"of {s['train']}, batch {s['batch']}, target {s['target']:.3f}, "
+          f"2 workers, Gloo, rank 1 {s['slow']:g}x slow; {s['passes']:g} passes of {s['train']} "
+          f"over both workers, batch {s['batch']} each, target {s['target']:.3f}, "
           f"{result['rounds']} rounds; load average before/after {result['load']}")
-    print(f"{'config':10s} {'wall':>7s} {'wall@tgt':>9s} {'[min, max]':>16s} {'final':>7s} "
-          f"{'[min, max]':>17s} {'speedup':>8s} {'acc d':>6s}")
+    print(f"{'config':10s} {'updates 0/1':>11s} {'wall':>7s} {'wall@tgt':>9s} {'[min, max]':>16s} "
+          f"{'final':>7s} {'[min, max]':>17s} {'speedup':>8s} {'acc d':>6s}")
     for config, r in table.items():
         sp, fs = r["wall_to_target_spread"], r["final_spread"]
         spread = "-" if sp is None else f"[{sp[0]:.2f}, {sp[1]:.2f}]"
-        print(f"{config:10s} {r['wall']:6.2f}s {_fmt(r['wall_to_target'], '8.2f')}s "
+        updates = f"{_median(r['updates']):.0f}/{_median(r['peer_updates']):.0f}"
+        print(f"{config:10s} {updates:>11s} {r['wall']:6.2f}s {_fmt(r['wall_to_target'], '8.2f')}s "
               f"{spread:>16s} {r['final']:7.4f} [{fs[0]:.4f}, {fs[1]:.4f}] "
               f"{_fmt(r['speedup_vs_ssgd'], '7.3f')}x {_fmt(r['acc_delta_vs_ssgd'], '+6.2f')}")
     if "pair" in table:
@@ -168,7 +172,7 @@ def worker(args):
     load_before = os.getloadavg()[0]
     x, y = teacher_student(s["train"], seed=0, **s["teacher"])
     xt, yt = teacher_student(s["test"], seed=0, **s["teacher"])
-    share = int(s["passes"] * len(x) / workers)  # this worker's samples
+    budget = int(s["passes"] * len(x))  # samples, both workers together
 
     def build():
         keras.utils.set_random_seed(0)
@@ -183,7 +187,7 @@ def worker(args):
         def __init__(self, ds):
             super().__init__()
             self.ds = ds
-            self.decay_at = [f * share for f in DECAYS]
+            self.decay_at = [f * budget for f in DECAYS]
             self.next_eval, self.curve, self.hit = s["eval_every"], [], None
             self.t0 = self.begin = None
             self.excluded, self.updates = 0.0, 0
@@ -200,12 +204,12 @@ def worker(args):
             if self.t0 is None:
                 self.t0 = now  # the first update pays for tracing
             self.updates += 1
-            samples = self.ds.samples
+            samples = self.samples()
             while self.decay_at and samples >= self.decay_at[0]:
                 self.decay_at.pop(0)
                 opt = self.model.optimizer
                 opt.learning_rate = float(np.asarray(opt.learning_rate)) * 0.1
-            done = samples >= share
+            done = samples >= budget
             if rank == 0 and (samples >= self.next_eval or done):
                 if self.logits is None:
                     self.logits = tf.function(lambda v: self.model(v, training=False))
@@ -221,6 +225,15 @@ def worker(args):
             if done:
                 self.model.stop_training = True
 
+        def samples(self):
+            """Both workers' samples: twice this one's in step, else this
+            one's and the other's last known."""
+            exchange = self.model.optimizer.adapt_state.sync.exchange
+            if exchange is None:
+                return self.ds.samples * workers
+            peers = exchange.record.peer_updates.values()
+            return self.ds.samples + s["batch"] * int(sum(peers))
+
     def run(config):
         model = build()
         strategy = {"ssgd": AllReduceSGD(), "local_sgd": LocalSGD(period=s["period"]),
@@ -230,7 +243,7 @@ def worker(args):
         model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         ds = AdaptiveBatchDataset(x, y, micro_batch_size=s["batch"], seed=0)
         tracker = Tracker(ds)
-        model.fit(ds.dataset, steps_per_epoch=share // s["batch"] + 10, epochs=1, verbose=0,
+        model.fit(ds.dataset, steps_per_epoch=budget // s["batch"] + 10, epochs=1, verbose=0,
                   callbacks=[keras_adapt.callbacks.BroadcastGlobalVariablesCallback(0),
                              tracker])
         exchange = opt.adapt_state.sync.exchange
@@ -241,7 +254,8 @@ def worker(args):
                "peer_updates": gathered[1]["updates"], "exchange": record,
                "peer_exchange": gathered[1]["exchange"]}
         if rank == 0:
-            out.update(wall=tracker.curve[-1][2], final=tracker.curve[-1][3],
+            out.update(samples=tracker.curve[-1][0], wall=tracker.curve[-1][2],
+                       final=tracker.curve[-1][3],
                        wall_to_target=tracker.hit, curve=tracker.curve)
         return out
 

@@ -26,9 +26,9 @@ def _pair(max_staleness=16.0):
 
 
 def _deliver(sender, receiver, updates, arrays):
-    """``sender`` exchanges (sends) ``arrays``; waits until ``receiver`` has it."""
+    """``sender`` exchanges (sends) ``arrays``; ``receiver`` takes it."""
     out = sender.exchange(updates, arrays)
-    assert receiver.wait_for_message(10.0)
+    assert receiver.receive(10.0) == 1
     return out
 
 
@@ -42,7 +42,8 @@ def test_exchange_averages_with_the_newest_peer_model_and_averages_versions():
         np.testing.assert_array_equal(got[0], [4.0, 3.0])  # with a's newest only
         assert got[0].dtype == np.float32
         assert b.record.received == 2 and b.record.averaged == 1
-        assert b.record.staleness == [2.0 - 3.0] and b.record.peers == [(0, 3.0)]
+        assert b.record.staleness == [2.0 - 3.0] and b.record.peers == [(0, 3.0, 3.0)]
+        assert b.record.peer_updates == {0: 3.0}  # a had made 3 updates
         assert b.version == 2.5  # (2 + 3) / 2
         # the model used once is not used again; nothing new: own model kept
         assert b.exchange(3, [np.array([0.0, 0.0], np.float32)]) is None
@@ -66,22 +67,37 @@ def test_a_model_older_than_max_staleness_is_refused():
         b.close()
 
 
-def test_models_of_an_earlier_entry_are_discarded_and_shapes_must_match():
+def test_models_of_an_earlier_entry_are_discarded():
     a, b = _pair()
     c = PeerExchange()
     try:
-        _deliver(a, b, 1, [np.zeros(2)])
-        # a re-form: b and a new worker c connect to each other; a's old model is void
+        # a re-form without a: b and a new worker c connect to each other
         ends = [b.endpoint(), c.endpoint()]
         b.connect(ends, rank=0)
         c.connect(ends, rank=1)
-        assert b.exchange(1, [np.ones(2)]) is None and b.record.averaged == 0
-        _deliver(c, b, 1, [np.ones(3)])
-        with pytest.raises(ValueError, match="rank 1 sent a model of shapes.*same model"):
-            b.exchange(2, [np.ones(2)])
+        a.exchange(1, [np.zeros(2)])  # a still reaches b's endpoint, marked with the old entry
+        c.exchange(1, [np.full(2, 3.0)])
+        taken = 0
+        while taken < 2:
+            got = b.receive(10.0)
+            assert got > 0, "a model did not arrive"
+            taken += got
+        assert b.record.discarded == 1 and b.record.received == 1
+        np.testing.assert_array_equal(b.exchange(1, [np.ones(2)])[0], [2.0, 2.0])  # c's only
     finally:
         for e in (a, b, c):
             e.close()
+
+
+def test_a_model_of_another_shape_is_refused_with_the_fix():
+    a, b = _pair()
+    try:
+        _deliver(a, b, 1, [np.ones(3)])
+        with pytest.raises(ValueError, match="rank 0 sent a model of shapes.*same model"):
+            b.exchange(1, [np.ones(2)])
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_vanished_peer_never_blocks_the_sender():
@@ -133,19 +149,20 @@ def test_no_worker_waits_for_another(results):
 
 def test_each_exchange_is_the_mean_of_two_models_and_is_applied(results):
     results, _ = results
-    sent = {r["rank"]: {c["sent_version"]: c["own"] for c in r["wait"]["calls"]}
-            for r in results}
+    # the model a rank sent at each of its update counts (versions may repeat)
+    sent = {r["rank"]: {c["updates"]: c["own"] for c in r.get("vanish", r["wait"])["calls"]}
+            for r in results}  # rank 0's both fits: rank 1 may average with its second
     checked = 0
     for r in results:
         wait = r["wait"]
         averaged = [c for c in wait["calls"] if c["mixed"] is not None]
         assert len(averaged) == len(wait["peers"]) == len(wait["staleness"])
-        for call, (peer, peer_version), staleness in zip(averaged, wait["peers"],
-                                                         wait["staleness"]):
+        for call, (peer, peer_version, peer_updates), staleness in zip(
+                averaged, wait["peers"], wait["staleness"]):
             assert peer == 1 - r["rank"]
             assert staleness == pytest.approx(call["sent_version"] - peer_version)
             assert call["version"] == pytest.approx((call["sent_version"] + peer_version) / 2)
-            theirs = sent[peer][peer_version]
+            theirs = sent[peer][peer_updates]
             for own, other, mixed in zip(call["own"], theirs, call["mixed"]):
                 np.testing.assert_allclose(mixed, (np.asarray(own) + np.asarray(other)) / 2,
                                            rtol=1e-6, atol=1e-7)

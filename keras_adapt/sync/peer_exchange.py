@@ -82,12 +82,17 @@ class ExchangeRecord:
         sent: models handed to the transport.
         dropped: sends given up at once (the peer's queue full or the peer gone).
         received: models that arrived.
+        discarded: models that arrived from an earlier entry (another set of workers).
         averaged: exchanges that averaged with a peer's model.
         refused: peer models not averaged with, being more than
             ``max_staleness`` updates older than this worker's.
         empty: exchanges that found no new model (nothing averaged).
         staleness: the staleness (updates) of each model averaged with, in order.
-        peers: the sender's rank and model version of each, in order.
+        peers: of each, in order: the sender's rank, the model's version and
+            the sender's update count when it sent it (which names the model).
+        peer_updates: per peer rank, the updates it had made when it sent
+            its newest model that arrived (how far the others are, without
+            asking them).
         ages: the seconds between each such model's send and its use.
 
     Example:
@@ -100,10 +105,11 @@ class ExchangeRecord:
     """
 
     def __init__(self):
-        self.sent = self.dropped = self.received = 0
+        self.sent = self.dropped = self.received = self.discarded = 0
         self.averaged = self.refused = self.empty = 0
         self.staleness = []
         self.peers = []
+        self.peer_updates = {}
         self.ages = []
 
     def summary(self):
@@ -115,6 +121,7 @@ class ExchangeRecord:
             return float(fn(s)) if s.size else None
 
         return {"sent": self.sent, "dropped": self.dropped, "received": self.received,
+                "discarded": self.discarded,
                 "averaged": self.averaged, "refused": self.refused, "empty": self.empty,
                 "staleness_mean": stat(np.mean), "staleness_median": stat(np.median),
                 "staleness_p95": stat(lambda a: np.percentile(a, 95)),
@@ -144,8 +151,8 @@ class PeerExchange:
     >>> a.connect(ends, rank=0); b.connect(ends, rank=1)
     >>> a.exchange(1, [np.array([1.0])]) is None   # sent; nothing received yet
     True
-    >>> b.wait_for_message(5.0)
-    True
+    >>> b.receive(5.0)
+    1
     >>> [w.tolist() for w in b.exchange(1, [np.array([3.0])])]
     [[2.0]]
     >>> a.close(); b.close()
@@ -236,7 +243,7 @@ class PeerExchange:
         peer = peers[(start + self._turn) % len(peers)]
         self._turn += 1
         header = {"rank": self.rank, "generation": self._generation,
-                  "version": self._version, "time": time.time(),
+                  "version": self._version, "updates": self._last_updates, "time": time.time(),
                   "arrays": [[str(a.dtype), list(a.shape)] for a in arrays]}
         parts = [json.dumps(header).encode()] + [np.ascontiguousarray(a) for a in arrays]
         try:
@@ -246,18 +253,23 @@ class PeerExchange:
             self.record.dropped += 1
 
     def _drain(self):
+        taken = 0
         while self._pull is not None:
             try:
                 parts = self._pull.recv_multipart(flags=self._zmq.NOBLOCK)
             except self._zmq.Again:
-                return
+                break
+            taken += 1
             header = json.loads(parts[0])
             if header.get("generation") != self._generation:
+                self.record.discarded += 1
                 continue
             arrays = [np.frombuffer(p, dtype=d).reshape(s)
                       for p, (d, s) in zip(parts[1:], header["arrays"])]
             self.record.received += 1
+            self.record.peer_updates[header["rank"]] = header["updates"]
             self._latest[header["rank"]] = (header, arrays)
+        return taken
 
     def _average(self, arrays):
         usable = []
@@ -281,15 +293,20 @@ class PeerExchange:
         header, peer = self._latest.pop(rank)
         self.record.averaged += 1
         self.record.staleness.append(staleness)
-        self.record.peers.append((rank, header["version"]))
+        self.record.peers.append((rank, header["version"], header["updates"]))
         self.record.ages.append(max(0.0, time.time() - header["time"]))
         self._version = (self._version + header["version"]) / 2.0
         return [((a + p) / 2).astype(a.dtype) for a, p in zip(arrays, peer)]
 
-    def wait_for_message(self, timeout):
-        """Blocks up to ``timeout`` seconds for a peer's model to arrive;
-        returns whether one is waiting (for tests and examples)."""
-        return bool(self._pull is not None and self._pull.poll(timeout * 1000))
+    def receive(self, timeout):
+        """Takes every peer model that has arrived, waiting up to ``timeout``
+        seconds for one if none has; returns how many it took (counting
+        those of an earlier entry, discarded). :meth:`exchange` does this
+        without waiting; for tests and examples."""
+        taken = self._drain()
+        if taken == 0 and self._pull is not None and self._pull.poll(timeout * 1000):
+            taken = self._drain()
+        return taken
 
     def close(self):
         """Closes the sockets (nothing queued is kept)."""
