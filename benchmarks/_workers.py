@@ -48,17 +48,20 @@ def run_on_workers(script, args, prefix, np=2, out=None):
         return json.load(f)
 
 
-def pin_worker():
+def pin_worker(slot=None):
     """Pins this worker (and every thread it will start) to its own core and
     gives TensorFlow one thread per pool; call before importing TensorFlow.
+    The core is the ``slot``-th (default: the local rank; on emulated hosts,
+    one worker per host on one machine, pass the rank).
 
     Unpinned, the two workers' threads migrate across the two cores and step
     times move by +-10% between runs, far more than the effects measured.
     """
-    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    if slot is None:
+        slot = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
     if hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+        os.sched_setaffinity(0, {cores[slot % len(cores)]})
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)

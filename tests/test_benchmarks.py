@@ -739,3 +739,26 @@ def test_async_training_quick():
         assert record["averaged"] + record["empty"] == pair[updates][-1]
     assert configs["ssgd"]["exchange"] is None
     assert "pair averaging, rank 1 (last round): averaged" in proc.stdout
+
+
+@pytest.mark.primary_only
+def test_communication_quick(emulated_hosts):
+    proc = run_benchmark("communication", "--quick", "--rounds", "1", "--hosts-up",
+                         timeout=900)
+    (line,) = bench_lines(proc.stdout)
+    assert line["bench"] == "communication" and line["rate_mbit"] == 400.0
+    configs = line["configs"]
+    assert list(configs) == ["none", "policy", "autotune"]
+    for name, run in configs.items():
+        assert run["before"] > 0 and run["after"] > 0 and 0.0 <= run["final"] <= 1.0
+        assert run["recovery"] == pytest.approx(run["after"] / configs["none"]["after"],
+                                                rel=1e-2)
+        assert run["acc_delta"] == pytest.approx(
+            100 * (run["final"] - configs["none"]["final"]), abs=0.01)
+        assert 0.0 < run["wait_share_before"] < 1.0 and 0.0 < run["wait_share_after"] < 1.0
+    assert configs["none"]["events"] == [] and configs["autotune"]["events"] == []
+    # the policy's switches are fp16 / none, at measured updates (every 10)
+    for step, mode in configs["policy"]["events"]:
+        assert mode in ("fp16", "none") and step % 10 == 0
+    # the link was really limited: every configuration waits longer after the drop
+    assert all(r["wait_share_after"] > r["wait_share_before"] for r in configs.values())
