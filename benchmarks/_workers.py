@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,3 +99,14 @@ def describe_stack(load_before):
         "versions": f"tf {tf.__version__}, keras {keras.__version__}, horovod {horovod.__version__}",
         "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
+
+
+def fmt(value, spec):
+    """``value`` formatted with ``spec``, or ``-`` for None (a missed target)."""
+    return "-" if value is None else format(value, spec)
+
+
+def median(values):
+    """The median of the values that are not None, or None when none is."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None

@@ -44,9 +44,9 @@ staleness distributions (``ExchangeRecord.summary()``) are printed.
 
 import json
 import os
-import statistics
 import time
 
+from _workers import fmt as _fmt, median as _median
 from _workers import parser as worker_parser
 from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
@@ -68,15 +68,6 @@ def settings_from(args):
 
 
 # ---------------------------------------------------------------- launcher
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
 def aggregate(runs):
     table = {}
     for config, rounds in runs.items():

@@ -38,12 +38,12 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from _workers import median as _median
 from _workers import describe_stack, horovodrun, pin_worker, write_result
 from _workers import parser as worker_parser
 
@@ -62,10 +62,6 @@ def settings_from(args):
 
 
 # ---------------------------------------------------------------- launcher
-def _median(values):
-    return statistics.median(values) if values else None
-
-
 def launch(args):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import emulated_hosts

@@ -104,9 +104,9 @@ under a slow network, as on a real slow network.
 
 import json
 import os
-import statistics
 import time
 
+from _workers import fmt as _fmt, median as _median
 from _workers import parser as worker_parser
 from _workers import describe_stack, pin_worker, run_on_workers, write_result
 
@@ -186,10 +186,6 @@ def launch(args):
         report(result, time.perf_counter() - t0, args.curves)
 
 
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
 def report_tuning(result):
     print(f"\nLR grids ({result['versions']})")
     for config, rows in result["tuning"].items():
@@ -198,13 +194,6 @@ def report_tuning(result):
             print(f"  {config:10s} lr={r['lr']:<6g} final={r['final']:.4f} "
                   f"to_target={_fmt(r['wall_to_target'], '.2f')}s"
                   f"{'  <- best' if r is best else ''}")
-
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return statistics.median(values)
 
 
 def aggregate(runs):

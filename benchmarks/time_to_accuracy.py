@@ -205,6 +205,7 @@ import tempfile
 import time
 
 import _wheel_data
+from _workers import fmt as _fmt
 from _workers import parser as worker_parser
 from _workers import pin_worker, run_on_workers, write_result
 
@@ -476,10 +477,6 @@ def with_fixed(result, stored):
                            **res["runs"]}
             res["sweep"] = src["sweep"]
     return result
-
-
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
 
 
 def report_tuning(result):
