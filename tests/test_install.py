@@ -102,7 +102,7 @@ def test_the_metadata_names_the_license_the_extras_and_the_patches():
     dist = importlib.metadata.distribution("keras-adapt")
     assert dist.metadata["License"] == "Apache-2.0"
     assert sorted(dist.metadata.get_all("Provides-Extra")) == [
-        "examples", "report", "system", "tensorboard", "test"]
+        "async", "examples", "report", "system", "tensorboard", "test"]
     from keras_adapt.extras import EXTRAS
 
     requires = dist.requires
